@@ -1,0 +1,453 @@
+"""Read the dimensions that matter out of a checkpoint's config.json, and make synthetic configs.
+
+Upstream ("codes") configs nest a Qwen2 `decoder_config`, `acoustic_tokenizer_config`,
+`semantic_tokenizer_config` and `diffusion_head_config`; the transformers-native ASR-HF config nests
+`text_config`, `acoustic_tokenizer_encoder_config` and `semantic_tokenizer_encoder_config` with other
+field names. Both are normalised here into small frozen dataclasses that the layouts, the loaders and the
+exporters share, so no other module reads raw config fields.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from ..errors import CheckpointError
+
+KINDS = ("realtime", "1.5b", "asr", "asr-hf")
+
+# The Qwen2.5 added tokens (the VibeVoice models use several, facts sheet section 8), at their real ids.
+QWEN_SPECIAL_TOKENS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|object_ref_start|>": 151646,
+    "<|object_ref_end|>": 151647,
+    "<|box_start|>": 151648,
+    "<|box_end|>": 151649,
+    "<|quad_start|>": 151650,
+    "<|quad_end|>": 151651,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|vision_pad|>": 151654,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+    "<tool_call>": 151657,
+    "</tool_call>": 151658,
+    "<|fim_prefix|>": 151659,
+    "<|fim_middle|>": 151660,
+    "<|fim_suffix|>": 151661,
+    "<|fim_pad|>": 151662,
+    "<|repo_name|>": 151663,
+    "<|file_sep|>": 151664,
+}
+
+
+@dataclass(frozen=True)
+class QwenDims:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    rope_theta: float
+    rms_eps: float
+    max_positions: int
+    tied_embeddings: bool
+
+
+@dataclass(frozen=True)
+class ConvStackDims:
+    """One σ-VAE conv stack (encoder or decoder), with ratios and depths in application order."""
+
+    vae_dim: int
+    n_filters: int
+    ratios: tuple[int, ...]
+    depths: tuple[int, ...]
+    eps: float
+
+    @property
+    def hop(self) -> int:
+        hop = 1
+        for r in self.ratios:
+            hop *= r
+        return hop
+
+    def encoder_channels(self) -> list[int]:
+        return [self.n_filters * 2**i for i in range(len(self.depths))]
+
+    def decoder_channels(self) -> list[int]:
+        top = self.n_filters * 2 ** (len(self.depths) - 1)
+        return [top // 2**i for i in range(len(self.depths))]
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    hidden: int
+    layers: int
+    ffn: int
+    latent: int
+    eps: float
+    train_steps: int
+    inference_steps: int
+    beta_schedule: str
+    prediction_type: str
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Everything about a checkpoint's architecture that code outside this package needs."""
+
+    kind: str
+    lm: QwenDims  # the text LM (for realtime: the lower 4-layer LM)
+    configured_layers: int  # what config.json claims for the LM stack(s)
+    tts_lm: QwenDims | None = None  # realtime upper LM
+    acoustic_encoder: ConvStackDims | None = None
+    acoustic_decoder: ConvStackDims | None = None
+    semantic_encoder: ConvStackDims | None = None
+    head: HeadDims | None = None
+    special_tokens: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def actual_layers(self) -> dict[str, int]:
+        layers = {"language_model": self.lm.layers}
+        if self.tts_lm is not None:
+            layers["tts_language_model"] = self.tts_lm.layers
+        return layers
+
+
+def _need(section: dict, key: str, where: str):
+    if key not in section:
+        raise CheckpointError(f"config.json: {where} has no field '{key}'")
+    return section[key]
+
+
+def _qwen(section: dict, where: str, layers: int | None = None) -> QwenDims:
+    hidden = int(_need(section, "hidden_size", where))
+    heads = int(_need(section, "num_attention_heads", where))
+    return QwenDims(
+        hidden=hidden,
+        layers=int(layers if layers is not None else _need(section, "num_hidden_layers", where)),
+        heads=heads,
+        kv_heads=int(section.get("num_key_value_heads", heads)),
+        head_dim=int(section.get("head_dim") or hidden // heads),
+        intermediate=int(_need(section, "intermediate_size", where)),
+        vocab=int(_need(section, "vocab_size", where)),
+        rope_theta=float(section.get("rope_theta", (section.get("rope_parameters") or {}).get("rope_theta", 1e6))),
+        rms_eps=float(section.get("rms_norm_eps", 1e-6)),
+        max_positions=int(section.get("max_position_embeddings", 32768)),
+        tied_embeddings=bool(section.get("tie_word_embeddings", False)),
+    )
+
+
+def _depths(value) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return tuple(int(d) for d in value.split("-"))
+    return tuple(int(d) for d in value)
+
+
+def _upstream_encoder(section: dict, where: str) -> ConvStackDims:
+    # Upstream lists ratios in decoder order; the encoder applies them reversed (trap 13).
+    return ConvStackDims(
+        vae_dim=int(_need(section, "vae_dim", where)),
+        n_filters=int(section.get("encoder_n_filters", 32)),
+        ratios=tuple(reversed(_need(section, "encoder_ratios", where))),
+        depths=_depths(_need(section, "encoder_depths", where)),
+        eps=float(section.get("layernorm_eps", 1e-5)),
+    )
+
+
+def _upstream_decoder(section: dict, where: str) -> ConvStackDims:
+    encoder_depths = _depths(_need(section, "encoder_depths", where))
+    decoder_depths = section.get("decoder_depths")
+    return ConvStackDims(
+        vae_dim=int(_need(section, "vae_dim", where)),
+        n_filters=int(section.get("decoder_n_filters", 32)),
+        ratios=tuple(section.get("decoder_ratios") or section["encoder_ratios"]),
+        depths=_depths(decoder_depths) if decoder_depths else tuple(reversed(encoder_depths)),
+        eps=float(section.get("layernorm_eps", 1e-5)),
+    )
+
+
+def _hf_encoder(section: dict, where: str) -> ConvStackDims:
+    # transformers-native configs store downsampling_ratios already in application order.
+    return ConvStackDims(
+        vae_dim=int(_need(section, "hidden_size", where)),
+        n_filters=int(section.get("num_filters", 32)),
+        ratios=tuple(_need(section, "downsampling_ratios", where)),
+        depths=_depths(_need(section, "depths", where)),
+        eps=float(section.get("rms_norm_eps", 1e-5)),
+    )
+
+
+def _head(section: dict, where: str) -> HeadDims:
+    hidden = int(_need(section, "hidden_size", where))
+    return HeadDims(
+        hidden=hidden,
+        layers=int(section.get("head_layers", 4)),
+        ffn=int(hidden * float(section.get("head_ffn_ratio", 3.0))),
+        latent=int(section.get("latent_size", 64)),
+        eps=float(section.get("rms_norm_eps", 1e-5)),
+        train_steps=int(section.get("ddpm_num_steps", 1000)),
+        inference_steps=int(section.get("ddpm_num_inference_steps", 20)),
+        beta_schedule=str(section.get("ddpm_beta_schedule", "cosine")),
+        prediction_type=str(section.get("prediction_type", "v_prediction")),
+    )
+
+
+def detect_kind(config: dict, source: str = "config.json") -> str:
+    """Tell the checkpoint kind from config.json (model_type alone is ambiguous: trap 20)."""
+    model_type = config.get("model_type")
+    if model_type == "vibevoice_streaming":
+        return "realtime"
+    if model_type == "vibevoice_asr":
+        return "asr-hf"
+    if model_type == "vibevoice":
+        if "decoder_config" not in config:
+            raise CheckpointError(
+                f"{source}: model_type 'vibevoice' without 'decoder_config' is the transformers-native "
+                "1.5B layout, which is not supported yet; use the upstream microsoft/VibeVoice-1.5B checkpoint"
+            )
+        if "diffusion_head_config" in config:
+            return "1.5b"
+        architectures = " ".join(config.get("architectures") or [])
+        if "ASR" in architectures or "semantic_tokenizer_config" in config:
+            return "asr"
+        raise CheckpointError(f"{source}: model_type 'vibevoice' with neither a diffusion head nor an ASR architecture")
+    if model_type is None:
+        raise CheckpointError(f"{source}: no 'model_type' field, so this is not a VibeVoice checkpoint config")
+    raise CheckpointError(
+        f"{source}: unknown model_type '{model_type}' (expected vibevoice_streaming, vibevoice or vibevoice_asr)"
+    )
+
+
+def model_dims(config: dict, source: str = "config.json") -> ModelDims:
+    kind = detect_kind(config, source)
+    if kind == "asr-hf":
+        text = _need(config, "text_config", source)
+        special = tuple(
+            (name, int(config[name]))
+            for name in ("audio_bos_token_id", "audio_eos_token_id", "audio_token_id", "pad_token_id", "eos_token_id")
+            if config.get(name) is not None
+        )
+        return ModelDims(
+            kind=kind,
+            lm=_qwen(text, "text_config"),
+            configured_layers=int(_need(text, "num_hidden_layers", "text_config")),
+            acoustic_encoder=_hf_encoder(_need(config, "acoustic_tokenizer_encoder_config", source), "acoustic_tokenizer_encoder_config"),
+            semantic_encoder=_hf_encoder(_need(config, "semantic_tokenizer_encoder_config", source), "semantic_tokenizer_encoder_config"),
+            special_tokens=special,
+        )
+
+    decoder = _need(config, "decoder_config", source)
+    acoustic = _need(config, "acoustic_tokenizer_config", source)
+    configured = int(_need(decoder, "num_hidden_layers", "decoder_config"))
+    if kind == "realtime":
+        upper = int(_need(config, "tts_backbone_num_hidden_layers", source))
+        if not 0 < upper < configured:
+            raise CheckpointError(
+                f"{source}: tts_backbone_num_hidden_layers={upper} must lie between 0 and num_hidden_layers={configured}"
+            )
+        return ModelDims(
+            kind=kind,
+            lm=_qwen(decoder, "decoder_config", layers=configured - upper),
+            tts_lm=_qwen(decoder, "decoder_config", layers=upper),
+            configured_layers=configured,
+            acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
+            head=_head(_need(config, "diffusion_head_config", source), "diffusion_head_config"),
+        )
+    semantic = _need(config, "semantic_tokenizer_config", source)
+    dims = dict(
+        kind=kind,
+        lm=_qwen(decoder, "decoder_config"),
+        configured_layers=configured,
+        acoustic_encoder=_upstream_encoder(acoustic, "acoustic_tokenizer_config"),
+        acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
+        semantic_encoder=_upstream_encoder(semantic, "semantic_tokenizer_config"),
+    )
+    if kind == "1.5b":
+        dims["head"] = _head(_need(config, "diffusion_head_config", source), "diffusion_head_config")
+    return ModelDims(**dims)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Synthetic configs: the real hub field names and values (full), or the same with small widths (tiny).
+
+def _upstream_tokenizer_section(kind: str, vae_dim: int) -> dict:
+    section = {
+        "causal": True,
+        "channels": 1,
+        "conv_bias": True,
+        "conv_norm": "none",
+        "corpus_normalize": 0.0,
+        "disable_last_norm": True,
+        "encoder_depths": "3-3-3-3-3-3-8",
+        "encoder_n_filters": 32,
+        "encoder_ratios": [8, 5, 5, 4, 2, 2],
+        "fix_std": 0.5 if kind == "acoustic" else 0,
+        "layer_scale_init_value": 1e-06,
+        "layernorm": "RMSNorm",
+        "layernorm_elementwise_affine": True,
+        "layernorm_eps": 1e-05,
+        "mixer_layer": "depthwise_conv",
+        "model_type": f"vibevoice_{kind}_tokenizer",
+        "pad_mode": "constant",
+        "std_dist_type": "gaussian" if kind == "acoustic" else "none",
+        "vae_dim": vae_dim,
+        "weight_init_value": 0.01,
+    }
+    if kind == "acoustic":
+        section.update({"decoder_depths": None, "decoder_n_filters": 32, "decoder_ratios": [8, 5, 5, 4, 2, 2]})
+    return dict(sorted(section.items()))
+
+
+def _qwen_section(hidden, layers, heads, kv_heads, intermediate, vocab, max_positions, tied) -> dict:
+    return {
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+        "max_window_layers": layers,
+        "model_type": "qwen2",
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab,
+    }
+
+
+def _head_section(hidden: int) -> dict:
+    return {
+        "ddpm_batch_mul": 4,
+        "ddpm_beta_schedule": "cosine",
+        "ddpm_num_inference_steps": 20,
+        "ddpm_num_steps": 1000,
+        "diffusion_type": "ddpm",
+        "head_ffn_ratio": 3.0,
+        "head_layers": 4,
+        "hidden_size": hidden,
+        "latent_size": 64,
+        "model_type": "vibevoice_diffusion_head",
+        "prediction_type": "v_prediction",
+        "rms_norm_eps": 1e-05,
+        "speech_vae_dim": 64,
+    }
+
+
+def _hf_encoder_section(vae_dim: int) -> dict:
+    return {
+        "channels": 1,
+        "depths": [3, 3, 3, 3, 3, 3, 8],
+        "downsampling_ratios": [2, 2, 4, 5, 5, 8],
+        "ffn_expansion": 4,
+        "hidden_act": "gelu",
+        "hidden_size": vae_dim,
+        "initializer_range": 0.01,
+        "kernel_size": 7,
+        "layer_scale_init_value": 1e-06,
+        "model_type": "vibevoice_acoustic_tokenizer_encoder",
+        "num_filters": 32,
+        "rms_norm_eps": 1e-05,
+        "vae_std": 0.625,
+    }
+
+
+def full_config(kind: str) -> dict:
+    """The hub config.json of KIND, field for field (facts sheet sections 2.1, 3.1, 5.1, 6.1)."""
+    if kind == "realtime":
+        return {
+            "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
+            "acoustic_vae_dim": 64,
+            "architectures": ["VibeVoiceStreamingForConditionalGenerationInference"],
+            "decoder_config": _qwen_section(896, 24, 14, 2, 4864, 151936, 8192, False),
+            "diffusion_head_config": _head_section(896),
+            "model_type": "vibevoice_streaming",
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.51.3",
+            "tts_backbone_num_hidden_layers": 20,
+        }
+    if kind in ("1.5b", "asr"):
+        config = {
+            "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
+            "acoustic_vae_dim": 64,
+            "architectures": ["VibeVoiceForConditionalGeneration" if kind == "1.5b" else "VibeVoiceForASRTraining"],
+            "model_type": "vibevoice",
+            "semantic_tokenizer_config": _upstream_tokenizer_section("semantic", 128),
+            "semantic_vae_dim": 128,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "4.51.3",
+        }
+        if kind == "1.5b":
+            config["decoder_config"] = _qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True)
+            config["diffusion_head_config"] = _head_section(1536)
+        else:
+            config["decoder_config"] = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
+        return dict(sorted(config.items()))
+    if kind == "asr-hf":
+        text = _qwen_section(3584, 28, 28, 4, 18944, 152064, 131072, False)
+        return {
+            "acoustic_tokenizer_chunk_size": 1440000,
+            "acoustic_tokenizer_encoder_config": _hf_encoder_section(64),
+            "architectures": ["VibeVoiceAsrForConditionalGeneration"],
+            "audio_bos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_start|>"],
+            "audio_eos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_end|>"],
+            "audio_token_id": QWEN_SPECIAL_TOKENS["<|box_start|>"],
+            "dtype": "bfloat16",
+            "model_type": "vibevoice_asr",
+            "semantic_tokenizer_encoder_config": _hf_encoder_section(128),
+            "text_config": text,
+            "transformers_version": "5.23.0",
+        }
+    raise CheckpointError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})")
+
+
+# Tiny widths: hidden 64, few layers, 4 conv filters and one block per stage, but the real conv ratios so
+# one latent frame is still 3200 samples, and the real latent sizes (64 acoustic, 128 semantic).
+TINY_HIDDEN, TINY_HEADS, TINY_KV_HEADS, TINY_INTERMEDIATE = 64, 4, 2, 128
+TINY_FILTERS, TINY_DEPTHS = 4, [1, 1, 1, 1, 1, 1, 2]
+
+
+def tiny_config(kind: str, vocab: int, special_ids: dict[str, int]) -> dict:
+    config = copy.deepcopy(full_config(kind))
+    depth_string = "-".join(str(d) for d in TINY_DEPTHS)
+    if kind == "asr-hf":
+        text = config["text_config"]
+        for name in ("acoustic_tokenizer_encoder_config", "semantic_tokenizer_encoder_config"):
+            config[name].update(num_filters=TINY_FILTERS, depths=list(TINY_DEPTHS))
+        config["audio_bos_token_id"] = special_ids["<|object_ref_start|>"]
+        config["audio_eos_token_id"] = special_ids["<|object_ref_end|>"]
+        config["audio_token_id"] = special_ids["<|box_start|>"]
+    else:
+        text = config["decoder_config"]
+        for name in ("acoustic_tokenizer_config", "semantic_tokenizer_config"):
+            if name in config:
+                config[name].update(encoder_n_filters=TINY_FILTERS, encoder_depths=depth_string)
+                if "decoder_n_filters" in config[name]:
+                    config[name]["decoder_n_filters"] = TINY_FILTERS
+        if "diffusion_head_config" in config:
+            config["diffusion_head_config"]["hidden_size"] = TINY_HIDDEN
+    layers = {"realtime": 6, "1.5b": 2, "asr": 2, "asr-hf": 2}[kind]
+    text.update(
+        hidden_size=TINY_HIDDEN,
+        num_attention_heads=TINY_HEADS,
+        num_key_value_heads=TINY_KV_HEADS,
+        intermediate_size=TINY_INTERMEDIATE,
+        num_hidden_layers=layers,
+        max_window_layers=layers,
+        vocab_size=vocab,
+    )
+    if kind == "realtime":
+        config["tts_backbone_num_hidden_layers"] = 4
+    return config

@@ -1,0 +1,109 @@
+"""Open a checkpoint directory: its config, its weight index and the safetensors headers.
+
+Only headers are read (safetensors validates that the header covers the file exactly, so a truncated file
+is caught here), which keeps `inspect` fast on a 16 GB checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from ..errors import CheckpointError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # safetensors spelling: BF16, F32, F16, ...
+    file: str  # shard file name inside the checkpoint directory
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    root: Path
+    config: dict
+    shards: tuple[str, ...]
+    tensors: dict[str, StoredTensor]
+    sharded: bool
+
+    def total_bytes(self) -> int:
+        return sum((self.root / s).stat().st_size for s in self.shards)
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: {what} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: {what} must hold a JSON object")
+    return data
+
+
+def read_config(root: Path) -> dict:
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory")
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"{root}: no config.json, so this is not a VibeVoice checkpoint directory")
+    return read_json(root / "config.json", "config.json")
+
+
+def shard_headers(path: Path) -> list[StoredTensor]:
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            out = []
+            for name in f.keys():
+                s = f.get_slice(name)
+                out.append(StoredTensor(name, tuple(s.get_shape()), s.get_dtype(), path.name))
+            return out
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def open_checkpoint(root: Path) -> CheckpointFiles:
+    root = Path(root)
+    config = read_config(root)
+    index_path = root / INDEX_FILE
+    if index_path.is_file():
+        index = read_json(index_path, "weight index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_path}: no 'weight_map' in the weight index")
+        shards = tuple(dict.fromkeys(weight_map.values()))
+        for shard in shards:
+            if not (root / shard).is_file():
+                raise CheckpointError(f"{root / shard}: shard named in {INDEX_FILE} is missing")
+        sharded = True
+    elif (root / SINGLE_FILE).is_file():
+        weight_map, shards, sharded = None, (SINGLE_FILE,), False
+    else:
+        raise CheckpointError(f"{root}: neither {SINGLE_FILE} nor {INDEX_FILE} is present")
+
+    tensors: dict[str, StoredTensor] = {}
+    for shard in shards:
+        for t in shard_headers(root / shard):
+            if t.name in tensors:
+                raise CheckpointError(f"{root / shard}: tensor '{t.name}' is also stored in {tensors[t.name].file}")
+            tensors[t.name] = t
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            stored = tensors.get(name)
+            if stored is None or stored.file != shard:
+                raise CheckpointError(f"{index_path}: lists '{name}' in {shard}, but that shard does not hold it")
+        stray = sorted(set(tensors) - set(weight_map))
+        if stray:
+            raise CheckpointError(f"{root / tensors[stray[0]].file}: holds '{stray[0]}', which {INDEX_FILE} does not list")
+    return CheckpointFiles(root, config, shards, tensors, sharded)

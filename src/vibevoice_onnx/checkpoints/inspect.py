@@ -1,0 +1,120 @@
+"""`vibevoice-onnx inspect`: what a checkpoint really is, compared strictly against its layout."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from .configs import model_dims
+from .files import open_checkpoint
+from .layouts import layout_for
+from .names import normalise_key
+
+_LAYER_INDEX = re.compile(r"^model\.(language_model|tts_language_model)\.layers\.(\d+)\.")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def actual_layers(names) -> dict[str, int]:
+    """Layer count per language model, from the keys actually stored (not from the config)."""
+    seen: dict[str, set[int]] = {}
+    for name in names:
+        if m := _LAYER_INDEX.match(name):
+            seen.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return {lm: max(indices) + 1 for lm, indices in sorted(seen.items())}
+
+
+def inspect_checkpoint(root: Path) -> dict:
+    files = open_checkpoint(Path(root))
+    dims = model_dims(files.config, source=str(Path(root) / "config.json"))
+    layout = layout_for(dims)
+    expected = layout.by_name()
+    stored = {normalise_key(dims.kind, name): t for name, t in files.tensors.items()}
+
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    shape_mismatches = [
+        {"name": name, "expected": list(expected[name].shape), "actual": list(stored[name].shape)}
+        for name in sorted(set(expected) & set(stored))
+        if tuple(expected[name].shape) != tuple(stored[name].shape)
+    ]
+    components = dict.fromkeys(layout.components(), 0)
+    for name, t in stored.items():
+        component = expected[name].component if name in expected else "(unexpected)"
+        components[component] = components.get(component, 0) + _numel(t.shape)
+    dtypes = Counter(t.dtype for t in stored.values())
+    layers = actual_layers(stored)
+    layer_notes = []
+    if len(layers) > 1 or sum(layers.values()) != dims.configured_layers:
+        layer_notes.append(
+            f"config says {dims.configured_layers} layers; the checkpoint holds "
+            + " + ".join(f"{n} ({lm})" for lm, n in layers.items())
+        )
+    unused = [t.name for t in layout.tensors if not t.used]
+    tokenizer = Path(root) / "tokenizer.json"
+    return {
+        "path": str(Path(root)),
+        "kind": dims.kind,
+        "ok": not (missing or unexpected or shape_mismatches),
+        "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
+        "dtypes": dict(dtypes),
+        "files": list(files.shards),
+        "sharded": files.sharded,
+        "bytes": files.total_bytes(),
+        "tensors": len(stored),
+        "parameters": sum(_numel(t.shape) for t in stored.values()),
+        "expected_tensors": len(expected),
+        "expected_parameters": layout.parameters,
+        "components": components,
+        "layers": layers,
+        "configured_layers": dims.configured_layers,
+        "layer_notes": layer_notes,
+        "special_tokens": dict(dims.special_tokens),
+        "tokenizer": str(tokenizer) if tokenizer.is_file() else None,
+        "unused_tensors": len(unused),
+        "notes": list(layout.notes),
+        "missing": missing,
+        "unexpected": unexpected,
+        "shape_mismatches": shape_mismatches,
+    }
+
+
+def _fmt_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def format_report(r: dict, limit: int = 20) -> str:
+    lines = [
+        f"checkpoint   {r['path']}",
+        f"kind         {r['kind']}",
+        f"files        {len(r['files'])} ({'sharded' if r['sharded'] else 'single file'}), {r['bytes'] / 1e9:.3f} GB",
+        f"dtype        {r['dtype']}" + (f"  (mixed: {r['dtypes']})" if len(r["dtypes"]) > 1 else ""),
+        f"tensors      {_fmt_count(r['tensors'])} (layout: {_fmt_count(r['expected_tensors'])})",
+        f"parameters   {_fmt_count(r['parameters'])} (layout: {_fmt_count(r['expected_parameters'])})",
+        "layers       " + ", ".join(f"{lm} {n}" for lm, n in r["layers"].items()) + f"  (config: {r['configured_layers']})",
+    ]
+    lines += [f"  ! {note}" for note in r["layer_notes"]]
+    if r["special_tokens"]:
+        lines.append("special ids  " + ", ".join(f"{k}={v}" for k, v in r["special_tokens"].items()))
+    lines.append(f"tokenizer    {r['tokenizer'] or 'none in the checkpoint (pass --tokenizer when building)'}")
+    lines.append("components")
+    width = max(len(c) for c in r["components"]) if r["components"] else 0
+    for component, count in r["components"].items():
+        lines.append(f"  {component:<{width}}  {count:>15,}")
+    lines += [f"note: {n}" for n in r["notes"]]
+    for key, label in (("missing", "missing"), ("unexpected", "unexpected")):
+        items = r[key]
+        lines.append(f"{label:<12} {len(items)}")
+        lines += [f"  {name}" for name in items[:limit]]
+        if len(items) > limit:
+            lines.append(f"  ... and {len(items) - limit} more")
+    lines.append(f"shape errors {len(r['shape_mismatches'])}")
+    lines += [f"  {m['name']}: expected {m['expected']}, found {m['actual']}" for m in r["shape_mismatches"][:limit]]
+    lines.append("result       " + ("matches its layout exactly" if r["ok"] else "DOES NOT match its layout"))
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Strict, shard-streaming loading of a checkpoint into the PyTorch reference modules.
+
+Two levels of strictness: the stored tensors must match the layout exactly (0 missing, 0 unexpected, no
+shape error), and every renamed key must land on a parameter or buffer of the target module, each of which
+must be filled. Tensors are read one at a time from each shard and copied into the module, so loading
+needs the module's own memory plus one tensor.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.files import CheckpointFiles, open_checkpoint
+from ..checkpoints.inspect import inspect_checkpoint
+from ..checkpoints.names import (
+    asr_codes_to_hf, normalise_key, realtime_to_reference, tts_1p5b_to_hf,
+)
+from ..errors import CheckpointError
+
+Rename = Callable[[str], "str | None"]  # None: a stored tensor the reference deliberately does not load
+
+
+def _listing(names: list[str], limit: int = 10) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_layout(root: Path) -> dict:
+    """Raise with the offending names unless the checkpoint matches its layout exactly."""
+    report = inspect_checkpoint(root)
+    problems = []
+    if report["missing"]:
+        problems.append(f"{len(report['missing'])} missing ({_listing(report['missing'])})")
+    if report["unexpected"]:
+        problems.append(f"{len(report['unexpected'])} unexpected ({_listing(report['unexpected'])})")
+    if report["shape_mismatches"]:
+        shapes = [f"{m['name']} {m['actual']} != {m['expected']}" for m in report["shape_mismatches"]]
+        problems.append(f"{len(shapes)} with the wrong shape ({_listing(shapes)})")
+    if problems:
+        raise CheckpointError(f"{root}: does not match the {report['kind']} layout: " + "; ".join(problems))
+    return report
+
+
+def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rename,
+              allowed_absent: tuple[str, ...] = (), dtype=torch.float32) -> None:
+    targets = module.state_dict(keep_vars=True)
+    filled: set[str] = set()
+    unexpected: list[str] = []
+    for shard in files.shards:
+        with safe_open(str(files.root / shard), framework="pt") as f:
+            for stored_name in f.keys():
+                target = rename(normalise_key(kind, stored_name))
+                if target is None:
+                    continue
+                if target not in targets:
+                    unexpected.append(f"{stored_name} -> {target}")
+                    continue
+                tensor = f.get_tensor(stored_name)
+                slot = targets[target]
+                if tuple(tensor.shape) != tuple(slot.shape):
+                    raise CheckpointError(
+                        f"{files.root / shard}: '{stored_name}' has shape {list(tensor.shape)}, "
+                        f"the reference expects {list(slot.shape)} for '{target}'"
+                    )
+                with torch.no_grad():
+                    slot.data = tensor.to(dtype).clone() if slot.dtype.is_floating_point else tensor.clone()
+                filled.add(target)
+    missing = sorted(set(targets) - filled - set(allowed_absent))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} reference tensors not filled ({_listing(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} stored tensors with no place ({_listing(unexpected)})")
+        raise CheckpointError(f"{files.root}: strict load failed: " + "; ".join(parts))
+
+
+def load_dims(root: Path) -> ModelDims:
+    files = open_checkpoint(Path(root))
+    return model_dims(files.config, str(Path(root) / "config.json"))
+
+
+def load_realtime(root: Path):
+    """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict)."""
+    from .modules import RealtimeModel
+
+    root = Path(root)
+    check_layout(root)
+    files = open_checkpoint(root)
+    dims = model_dims(files.config, str(root / "config.json"))
+    if dims.kind != "realtime":
+        raise CheckpointError(f"{root}: is a {dims.kind} checkpoint, not realtime")
+    print(f"loading {root} into the PyTorch reference", file=sys.stderr, flush=True)
+    model = RealtimeModel(dims)
+    load_into(model, files, dims.kind, realtime_to_reference)
+    return model.eval()
+
+
+def load_transformers_model(root: Path):
+    """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict)."""
+    root = Path(root)
+    report = check_layout(root)
+    files = open_checkpoint(root)
+    dims = model_dims(files.config, str(root / "config.json"))
+    if dims.kind == "realtime":
+        return load_realtime(root)
+    from .hf_models import build_hf_model
+
+    model = build_hf_model(dims)
+    rename, allowed_absent = {
+        "1.5b": (tts_1p5b_to_hf, ("lm_head.weight",)),  # tied to embed_tokens: no tensor upstream
+        "asr": (asr_codes_to_hf, ()),
+        "asr-hf": (lambda name: name, ()),
+    }[report["kind"]]
+    load_into(model, files, dims.kind, rename, allowed_absent)
+    if dims.kind == "1.5b":
+        model.tie_weights()
+    return model.eval()
