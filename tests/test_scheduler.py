@@ -1,0 +1,92 @@
+"""The DPM-Solver++ sampler against diffusers' DPMSolverMultistepScheduler and the facts sheet's numbers."""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DPMSolverMultistepScheduler
+
+from vibevoice_onnx.sampling import DpmSolverSchedule, NoiseSource, sample_latent
+
+
+def diffusers_scheduler(steps):
+    scheduler = DPMSolverMultistepScheduler(
+        num_train_timesteps=1000,
+        beta_schedule="squaredcos_cap_v2",
+        prediction_type="v_prediction",
+        algorithm_type="dpmsolver++",
+        solver_order=2,
+        solver_type="midpoint",
+        lower_order_final=True,
+        final_sigmas_type="zero",
+        timestep_spacing="linspace",
+    )
+    scheduler.set_timesteps(steps)
+    return scheduler
+
+
+def toy_velocity(seed):
+    w = np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32) / 8
+    return lambda x, t: (np.tanh(w @ x) * (1 + t / 1000)).astype(np.float32)
+
+
+@pytest.mark.parametrize("steps", [5, 10, 20])
+def test_matches_diffusers_step_by_step(steps):
+    ours = DpmSolverSchedule.create(steps)
+    theirs = diffusers_scheduler(steps)
+    assert ours.timesteps.tolist() == theirs.timesteps.tolist()
+    np.testing.assert_allclose(ours.sigmas, theirs.sigmas.numpy(), rtol=1e-6)
+    velocity = toy_velocity(steps)
+    x = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    x_theirs = torch.from_numpy(x.copy())
+    x0_prev = None
+    for k, t in enumerate(ours.timesteps):
+        v = velocity(x, t)
+        x0 = ours.to_x0(k, x, v)
+        x = ours.update(k, x, x0, x0_prev)
+        x0_prev = x0
+        x_theirs = theirs.step(torch.from_numpy(velocity(x_theirs.numpy(), t)), theirs.timesteps[k], x_theirs).prev_sample
+        np.testing.assert_allclose(x, x_theirs.numpy(), atol=2e-5, rtol=1e-5, err_msg=f"step {k}")
+
+
+def test_facts_sheet_schedule_numbers():
+    s = DpmSolverSchedule.create(5)
+    assert s.timesteps.tolist() == [999, 799, 599, 400, 200]
+    np.testing.assert_allclose(s.sigmas, [20291.3, 3.10373, 1.39075, 0.740281, 0.337461, 0], rtol=2e-5)
+    s10 = DpmSolverSchedule.create(10)
+    assert s10.timesteps.tolist() == [999, 899, 799, 699, 599, 500, 400, 300, 200, 100]
+
+
+def test_final_step_returns_the_data_prediction():
+    s = DpmSolverSchedule.create(5)
+    x = np.ones(64, np.float32)
+    x0 = np.full(64, 0.25, np.float32)
+    assert np.array_equal(s.update(4, x, x0, x0 * 2), x0)
+
+
+def test_cfg_combines_as_upstream():
+    # With the same velocity for both conditions CFG changes nothing; otherwise v = neg + cfg·(pos − neg).
+    s = DpmSolverSchedule.create(5)
+    noise = NoiseSource.from_seed(3)(0)
+    velocity = toy_velocity(0)
+    plain = sample_latent(s, noise, lambda x, t: (velocity(x, t), velocity(x, t)), cfg_scale=3.0)
+    guided = sample_latent(s, noise, lambda x, t: (velocity(x, t), 0.5 * velocity(x, t)), cfg_scale=2.0)
+    unguided = sample_latent(s, noise, lambda x, t: (1.5 * velocity(x, t), 0 * velocity(x, t)), cfg_scale=1.0)
+    np.testing.assert_allclose(guided, unguided, atol=1e-6)  # 0.5v + 2(v − 0.5v) = 1.5v
+    assert not np.allclose(plain, guided)
+
+
+def test_noise_sources(tmp_path):
+    seeded = NoiseSource.from_seed(7)
+    assert np.array_equal(seeded(3), NoiseSource.from_seed(7)(3))
+    assert not np.array_equal(seeded(3), seeded(4))
+    rows = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "noise.npy", rows)
+    from_file = NoiseSource.from_file(tmp_path / "noise.npy")
+    assert np.array_equal(from_file(2), rows[2])
+    from vibevoice_onnx.errors import VibeVoiceError
+
+    with pytest.raises(VibeVoiceError, match="4 rows"):
+        from_file(4)
+    np.save(tmp_path / "bad.npy", rows[:, :10])
+    with pytest.raises(VibeVoiceError, match=r"shape \[frames, 64\]"):
+        NoiseSource.from_file(tmp_path / "bad.npy")
