@@ -15,6 +15,7 @@ from .errors import VibeVoiceError
 
 EXIT_MISMATCH = 1  # the command ran, and what it checked is not right (inspect mismatch, failed gate)
 EXIT_ERROR = 2  # the command could not run on this input
+DEMO_TEXT = "Hello from vibevoice-onnx. This speech comes from ONNX graphs, with no PyTorch at run time."
 
 
 def cmd_inspect(args) -> int:
@@ -44,6 +45,69 @@ def cmd_make_checkpoint(args) -> int:
     return 0
 
 
+def cmd_build(args) -> int:
+    from .export.build import build_bundle
+
+    bundle = build_bundle(Path(args.checkpoint), Path(args.out_root), args.precision, args.device,
+                          Path(args.tokenizer) if args.tokenizer else None)
+    print(bundle)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .verify.gates import format_table, verify_bundle
+
+    record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None)
+    print(json.dumps(record, indent=2) if args.json else format_table(record))
+    return 0 if record["passed"] else EXIT_MISMATCH
+
+
+def cmd_voices_import(args) -> int:
+    from .runtime.voice_store import import_voice
+
+    name, summary = import_voice(Path(args.bundle), Path(args.preset), args.name, args.force)
+    print(f"imported voice '{name}': lm {summary['lm_length']} and tts_lm {summary['tts_lm_length']} cached positions")
+    return 0
+
+
+def cmd_voices_list(args) -> int:
+    from .runtime.voice_store import list_voices
+
+    voices = list_voices(Path(args.bundle))
+    if args.json:
+        print(json.dumps(voices, indent=2))
+    elif not voices:
+        print("no voices (import one with `vibevoice-onnx voices import BUNDLE PRESET.pt`)")
+    for v in [] if args.json else voices:
+        print(f"{v['name']:<24} lm {v['lm_length']:>4}  tts_lm {v['tts_lm_length']:>4}  neg_tts_lm {v['neg_tts_lm_length']}")
+    return 0
+
+
+def cmd_speak(args) -> int:
+    from .runtime.speak import SpeakOptions, read_text, speak
+
+    if args.raw and args.output:
+        raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
+    options = SpeakOptions(
+        voice=args.voice, output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
+        cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
+        save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
+        raw=args.raw, threads=args.threads,
+    )
+    summary = speak(Path(args.bundle), read_text(args.text, Path(args.file) if args.file else None), options)
+    lines = [
+        f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
+        f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
+        f"first audio after {summary['first_audio_seconds']} s",
+    ]
+    if summary["clipped_samples"]:
+        lines.append(f"warning: {summary['clipped_samples']} samples beyond ±1 were clipped (--wav-format float32 keeps them)")
+    if summary["output"]:
+        lines.append(f"wrote {summary['output']}")
+    print("\n".join(lines), file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args) -> int:
     """The main job on an embedded default: a tiny synthetic realtime checkpoint, end to end."""
     work = Path(args.workdir)
@@ -51,7 +115,16 @@ def cmd_demo(args) -> int:
     steps = []
     if not (checkpoint / "config.json").is_file():
         steps.append(["make-checkpoint", "realtime", str(checkpoint), "--size", "tiny"])
-    steps.append(["inspect", str(checkpoint)])
+    bundle = work / "onnx" / "realtime" / "cpu_fp32"
+    steps += [
+        ["inspect", str(checkpoint)],
+        ["build", str(checkpoint), "-o", str(work / "onnx")],
+        ["voices", "import", str(bundle), str(checkpoint / "voices" / "synthetic.pt"), "--force"],
+        ["verify", str(bundle)],
+        # Random weights learn no stopping point, so the demo caps the length (a real checkpoint stops on EOS).
+        ["speak", str(bundle), DEMO_TEXT, "--voice", "synthetic", "--seed", "7", "--max-frames", "24",
+         "-o", str(work / "speech.wav")],
+    ]
     for step in steps:
         print(f"\n$ vibevoice-onnx {' '.join(step)}", flush=True)
         code = main(step)
@@ -79,6 +152,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.set_defaults(func=cmd_make_checkpoint)
+
+    p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
+    p.add_argument("--precision", default="fp32", choices=["fp32"])
+    p.add_argument("--device", default="cpu", choices=["cpu"])
+    p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("--checkpoint", metavar="DIR", help="the source checkpoint (default: the one recorded at build)")
+    p.add_argument("--json", action="store_true", help="print the parity record as JSON")
+    p.set_defaults(func=cmd_verify)
+
+    voices = sub.add_parser("voices", help="import and list a bundle's voices").add_subparsers(dest="voices_command", required=True, metavar="ACTION")
+    p = voices.add_parser("import", help="convert an upstream voice preset (.pt) into the bundle's format")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("preset", metavar="PRESET.pt")
+    p.add_argument("--name", help="voice name (default: the preset's file name)")
+    p.add_argument("--force", action="store_true", help="replace a voice of the same name")
+    p.set_defaults(func=cmd_voices_import)
+    p = voices.add_parser("list", help="show each voice with its cached prompt lengths")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_voices_list)
+
+    p = sub.add_parser("speak", help="synthesise speech with a realtime bundle (no PyTorch needed)")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="text to speak (or -f FILE, or standard input)")
+    p.add_argument("-f", "--file", metavar="TEXT_FILE")
+    p.add_argument("--voice", metavar="NAME", help="a voice of the bundle (default: the first)")
+    p.add_argument("-o", "--output", metavar="OUT.wav", help="WAV file to write (default speech.wav)")
+    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16")
+    p.add_argument("--cfg-scale", type=float, default=1.5)
+    p.add_argument("--steps", type=int, default=5, help="diffusion steps per frame (default 5)")
+    p.add_argument("--seed", type=int, help="noise seed (default: random, reported)")
+    p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is frame i's initial noise")
+    p.add_argument("--save-latents", metavar="LATENTS.npy", help="save the generated latents [frames, 64]")
+    p.add_argument("--max-frames", type=int, metavar="N", help="stop after N frames (7.5 frames per second)")
+    p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
+    p.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: all cores)")
+    p.set_defaults(func=cmd_speak)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")

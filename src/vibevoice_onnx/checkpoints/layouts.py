@@ -13,8 +13,8 @@ from .configs import ConvStackDims, HeadDims, ModelDims, QwenDims
 
 # How the synthetic factory initialises a tensor (see synthetic.py). Anything a zero or 1e-6 init would make
 # trivial upstream (adaLN modulation, final layers, layer-scale gammas, norms) gets a non-degenerate init.
-LINEAR, CONV, EMBEDDING, NORM, BIAS, LAYER_SCALE, SCALING, SHIFT, EOS_BIAS = (
-    "linear", "conv", "embedding", "norm", "bias", "layer_scale", "scaling", "shift", "eos_bias",
+LINEAR, CONV, EMBEDDING, NORM, BIAS, LAYER_SCALE, SCALING, SHIFT, EOS_BIAS, WAVEFORM = (
+    "linear", "conv", "embedding", "norm", "bias", "layer_scale", "scaling", "shift", "eos_bias", "waveform",
 )
 
 
@@ -130,7 +130,11 @@ def conv_decoder(prefix: str, d: ConvStackDims, component: str, used: bool = Tru
     for i, depth in enumerate(d.depths):
         for j in range(depth):
             specs += _block(f"{prefix}stages.{i}.{j}.", channels[i], component, used)
-    specs += _conv(f"{prefix}head.conv.conv", 1, channels[-1], 7, component, used)
+    # The waveform head gets a small init so random decoders produce audio-range samples, not ±10.
+    specs += [
+        TensorSpec(f"{prefix}head.conv.conv.weight", (1, channels[-1], 7), component, WAVEFORM, used),
+        TensorSpec(f"{prefix}head.conv.conv.bias", (1,), component, WAVEFORM, used),
+    ]
     return specs
 
 

@@ -21,7 +21,8 @@ from ..errors import VibeVoiceError
 from .configs import KINDS, full_config, model_dims, tiny_config
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
-    BIAS, CONV, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, Layout, TensorSpec, layout_for,
+    BIAS, CONV, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, WAVEFORM, Layout, TensorSpec,
+    layout_for,
 )
 from .tokenizer import build_tokenizer
 
@@ -55,6 +56,8 @@ def init_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(rng.uniform(0.15, 0.35), dtype=np.float32)
     if spec.init == SHIFT:
         return np.asarray(rng.choice([-1.0, 1.0]) * rng.uniform(0.05, 0.2), dtype=np.float32)
+    if spec.init == WAVEFORM:
+        return normal(0.01 / math.sqrt(_fan_in(spec)))
     if spec.init == EOS_BIAS:
         return np.full(spec.shape, EOS_LOGIT_BIAS, dtype=np.float32)
     raise ValueError(f"no initialiser for {spec.init}")

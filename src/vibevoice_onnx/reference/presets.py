@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from ..voices import VoicePrompt
 from .modules import RealtimeModel
 
 PROMPT_TEXT = "Hello, this is a synthetic voice prompt.\n"
@@ -74,6 +75,22 @@ def compute_prompt(model: RealtimeModel, prompt_ids: list[int], pad_id: int, see
         "neg_lm": _output(neg_lm_hidden, neg_lm_cache),
         "neg_tts_lm": _output(neg_tts_hidden, neg_tts_cache),
     }
+
+
+def as_voice_prompt(prompt: dict) -> VoicePrompt:
+    """The computed prompt as the loop consumes it (what importing its saved preset would give)."""
+
+    def layers(name: str):
+        state = prompt[name].past_key_values.state
+        return [(k.float().numpy(), v.float().numpy()) for k, v in zip(state["key_cache"], state["value_cache"])]
+
+    return VoicePrompt(
+        lm=layers("lm"),
+        tts_lm=layers("tts_lm"),
+        neg_tts_lm=layers("neg_tts_lm"),
+        neg_condition=prompt["neg_tts_lm"].last_hidden_state[0, -1].float().numpy(),
+        tts_condition=prompt["tts_lm"].last_hidden_state[0, -1].float().numpy(),
+    )
 
 
 def save_upstream_preset(prompt: dict, path: Path) -> None:

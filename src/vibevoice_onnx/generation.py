@@ -1,0 +1,153 @@
+"""The realtime generation loop, written once and run on two backends (numpy in, numpy out, no torch).
+
+The PyTorch reference (reference/generate.py) and the onnxruntime runtime (runtime/realtime.py) each supply
+a backend that evaluates the components; this module owns the algorithm of upstream's streaming `generate`
+(facts sheet 2.3 and 4, batch 1):
+
+* text windows of 5 tokens go through the lower LM (positions continue after the voice prompt), then the
+  upper LM with the text type embedding added to the lower LM's un-normed output;
+* after each window, 6 speech frames: DPM-Solver++ with CFG on (positive, negative) conditions, the
+  latent decoded one frame at a time (divide by the scale, then subtract the bias), then fed back through the
+  connector with the speech type embedding into the positive and then the negative upper-LM stream;
+* EOS is checked on the new positive hidden state after each fed-back frame (sigmoid > 0.5); the frame
+  that triggered it is kept, and stopping at once gives upstream's audio;
+* a text window that would push the positive upper-LM sequence past max_position_embeddings is not run;
+  a frame whose feedback would is still emitted, then generation stops (upstream's strict `>` check);
+* once the text is used up, speech windows continue until EOS or the length limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from .sampling import DpmSolverSchedule, NoiseSource, sample_latent
+from .text import SPEECH_WINDOW, text_windows
+from .voices import VoicePrompt
+
+TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
+
+
+class RealtimeBackend(Protocol):
+    """What the loop needs from an implementation. Arrays are float32 numpy; caches are opaque."""
+
+    max_positions: int  # of the upper LM
+
+    def embed_text(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
+    def type_embedding(self, index: int) -> np.ndarray: ...  # [H]
+    def new_cache(self, layers: list[tuple[np.ndarray, np.ndarray]], which: str) -> Any: ...
+    def lower(self, embeds: np.ndarray, positions: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]: ...
+    def upper(self, embeds: np.ndarray, positions: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]: ...
+    def velocity(self, noisy: np.ndarray, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray: ...
+    def connect(self, latent: np.ndarray) -> np.ndarray: ...  # [1, 1, 64] -> [1, 1, H]
+    def eos_logit(self, hidden: np.ndarray) -> float: ...  # [1, H]
+    def new_decoder_state(self) -> Any: ...
+    def decode_frame(self, latent: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # unscaled [1,1,64]
+    def unscale(self, latent: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class GenerationResult:
+    latents: list[np.ndarray] = field(default_factory=list)  # normalised diffusion outputs z, [64] each
+    chunks: list[np.ndarray] = field(default_factory=list)  # decoded audio per frame, [hop] each
+    eos_logits: list[float] = field(default_factory=list)  # one per fed-back frame
+    stop_reason: str = ""  # "eos", "max_length" or "max_frames"
+
+    @property
+    def frames(self) -> int:
+        return len(self.latents)
+
+    @property
+    def eos_frame(self) -> int | None:
+        """0-based index of the frame after which EOS fired, or None."""
+        return self.frames - 1 if self.stop_reason == "eos" else None
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.float32)
+
+
+def sigmoid(x: float) -> np.float32:
+    """fp32 logistic, stable for large |x| (upstream compares torch.sigmoid(logit) > 0.5)."""
+    x = np.float32(x)
+    if x >= 0:
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+    e = np.exp(x)
+    return e / (np.float32(1) + e)
+
+
+class _Stream:
+    """One language-model stream: its KV cache and its next position."""
+
+    def __init__(self, backend: RealtimeBackend, layers, which: str):
+        self.run = backend.lower if which == "lm" else backend.upper
+        self.cache = backend.new_cache(layers, which)
+        self.position = layers[0][0].shape[2]
+
+    def step(self, embeds: np.ndarray) -> np.ndarray:
+        count = embeds.shape[1]
+        positions = np.arange(self.position, self.position + count, dtype=np.int64)[None]
+        hidden, self.cache = self.run(embeds, positions, self.cache)
+        self.position += count
+        return hidden
+
+
+def realtime_frames(
+    backend: RealtimeBackend,
+    prompt: VoicePrompt,
+    text_ids: list[int],
+    noise: NoiseSource,
+    cfg_scale: float,
+    steps: int,
+    max_frames: int | None,
+    result: GenerationResult,
+    train_steps: int = 1000,
+) -> Iterator[np.ndarray]:
+    """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
+    schedule = DpmSolverSchedule.create(steps, train_steps)
+    lm = _Stream(backend, prompt.lm, "lm")
+    tts = _Stream(backend, prompt.tts_lm, "tts_lm")
+    neg = _Stream(backend, prompt.neg_tts_lm, "neg_tts_lm")
+    h_pos = np.asarray(prompt.tts_condition, np.float32)[None]
+    h_neg = np.asarray(prompt.neg_condition, np.float32)[None]
+    decoder_state = backend.new_decoder_state()
+    text_type, speech_type = backend.type_embedding(TEXT_TYPE), backend.type_embedding(SPEECH_TYPE)
+
+    def guided_velocity(x: np.ndarray, t: float):
+        v = backend.velocity(np.stack([x, x]), np.full(2, t, np.float32), np.concatenate([h_pos, h_neg]))
+        return v[0], v[1]
+
+    windows = text_windows(text_ids)
+    window_index = 0
+    while True:
+        if window_index < len(windows):
+            window = windows[window_index]
+            window_index += 1
+            if tts.position + len(window) > backend.max_positions:
+                result.stop_reason = "max_length"
+                return
+            lm_hidden = lm.step(backend.embed_text(window))
+            h_pos = tts.step(lm_hidden + text_type)[:, -1]
+        for _ in range(SPEECH_WINDOW):
+            z = sample_latent(schedule, noise(result.frames), guided_velocity, cfg_scale)
+            latent = z[None, None]
+            chunk, decoder_state = backend.decode_frame(backend.unscale(latent), decoder_state)
+            result.latents.append(z)
+            result.chunks.append(chunk)
+            yield chunk
+            if max_frames is not None and result.frames >= max_frames:
+                result.stop_reason = "max_frames"
+                return
+            feedback = backend.connect(latent) + speech_type
+            if tts.position + 1 > backend.max_positions:
+                result.stop_reason = "max_length"
+                return
+            h_pos = tts.step(feedback)[:, -1]
+            h_neg = neg.step(feedback)[:, -1]
+            logit = backend.eos_logit(h_pos)
+            result.eos_logits.append(logit)
+            if sigmoid(logit) > 0.5:
+                result.stop_reason = "eos"
+                return

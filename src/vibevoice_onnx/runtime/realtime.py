@@ -1,0 +1,151 @@
+"""Torch-free realtime TTS: the shared generation loop on onnxruntime sessions of a bundle.
+
+    tts = RealtimeTTS("onnx/realtime/cpu_fp32")
+    for chunk in tts.stream("Hello there.", voice="en-Davis_man"):
+        play(chunk.samples, chunk.sample_rate)
+    audio, sample_rate = tts.create("Hello there.", voice="en-Davis_man", seed=7)
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..generation import GenerationResult, realtime_frames
+from ..sampling import NoiseSource
+from ..text import encode_tts_text
+from .bundle import Bundle
+
+SAMPLE_RATE = 24_000
+F32 = np.float32
+
+
+class OnnxRealtimeBackend:
+    """Evaluates each component with its ONNX graph; KV caches and conv states are lists of arrays."""
+
+    def __init__(self, bundle: Bundle):
+        bundle.require_kind("realtime")
+        self.bundle = bundle
+        host = bundle.host
+        self.embed = host["embed_tokens"]
+        self.types = host["tts_input_types"].astype(F32)
+        self.scale = F32(host["speech_scaling_factor"])
+        self.bias = F32(host["speech_bias_factor"])
+        self.max_positions = int(bundle.manifest["config"]["decoder_config"]["max_position_embeddings"])
+        self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
+        self.kv_inputs = {
+            name: [i["name"] for i in bundle.graph(name)["inputs"][2:]] for name in ("lower_lm", "upper_lm")
+        }
+        self.states = bundle.graph("acoustic_decoder_stream")["states"]
+
+    def embed_text(self, ids):
+        return self.embed[np.asarray(ids)].astype(F32)[None]
+
+    def type_embedding(self, index):
+        return self.types[index]
+
+    def new_cache(self, layers, which):
+        return [np.ascontiguousarray(t, dtype=F32) for pair in layers for t in pair]
+
+    def _lm(self, name, embeds, positions, cache):
+        feeds = {"inputs_embeds": np.ascontiguousarray(embeds, dtype=F32), "position_ids": positions}
+        feeds.update(zip(self.kv_inputs[name], cache))
+        hidden, *present = self.sessions[name].run(None, feeds)
+        return hidden, present
+
+    def lower(self, embeds, positions, cache):
+        return self._lm("lower_lm", embeds, positions, cache)
+
+    def upper(self, embeds, positions, cache):
+        return self._lm("upper_lm", embeds, positions, cache)
+
+    def velocity(self, noisy, timesteps, conditions):
+        feeds = {"noisy_latents": noisy, "timesteps": timesteps, "condition": np.ascontiguousarray(conditions, dtype=F32)}
+        return self.sessions["diffusion_head"].run(None, feeds)[0]
+
+    def connect(self, latent):
+        return self.sessions["acoustic_connector"].run(None, {"latents": latent.astype(F32)})[0]
+
+    def eos_logit(self, hidden):
+        return float(self.sessions["eos_classifier"].run(None, {"hidden_states": hidden.astype(F32)})[0][0, 0])
+
+    def new_decoder_state(self):
+        return [np.zeros((1, s["channels"], s["length"]), F32) for s in self.states]
+
+    def decode_frame(self, latent, state):
+        feeds = {"latents": latent.astype(F32)}
+        feeds.update((f"state.{s['name']}", value) for s, value in zip(self.states, state))
+        audio, *new_state = self.sessions["acoustic_decoder_stream"].run(None, feeds)
+        return audio[0, 0], new_state
+
+    def unscale(self, latent):
+        return (latent / self.scale - self.bias).astype(F32)
+
+
+@dataclass
+class AudioChunk:
+    samples: np.ndarray  # float32 mono
+    sample_rate: int
+    frame: int  # 0-based speech frame index
+
+
+class Speech:
+    """One generation: iterate for audio chunks as they are decoded; `result` and timings fill as it runs."""
+
+    def __init__(self, backend: OnnxRealtimeBackend, prompt, ids, noise: NoiseSource, cfg_scale, steps, max_frames,
+                 seed: int | None):
+        self.result = GenerationResult()
+        self.seed = seed
+        self.noise = noise
+        self.first_chunk_seconds: float | None = None
+        self.seconds = 0.0
+        self._frames = realtime_frames(backend, prompt, ids, noise, cfg_scale, steps, max_frames, self.result)
+
+    def __iter__(self) -> Iterator[AudioChunk]:
+        start = time.perf_counter()
+        for index, samples in enumerate(self._frames):
+            if self.first_chunk_seconds is None:
+                self.first_chunk_seconds = time.perf_counter() - start
+            self.seconds = time.perf_counter() - start
+            yield AudioChunk(samples, SAMPLE_RATE, index)
+        self.seconds = time.perf_counter() - start
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(len(c) for c in self.result.chunks) / SAMPLE_RATE
+
+
+class RealtimeTTS:
+    """VibeVoice-Realtime from an ONNX bundle, with onnxruntime and numpy only."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, bundle: Bundle | str | Path, providers: list | None = None, threads: int | None = None,
+                 session_options=None):
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), providers, session_options, threads)
+        self.backend = OnnxRealtimeBackend(self.bundle)
+        self.latent_size = int(self.bundle.manifest["config"]["acoustic_vae_dim"])
+
+    @property
+    def voices(self) -> list[str]:
+        return self.bundle.voices()
+
+    def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
+               noise: NoiseSource | None = None, max_frames: int | None = None) -> Speech:
+        prompt = self.bundle.voice(voice)
+        ids = encode_tts_text(self.bundle.tokenizer, text)
+        if noise is None:
+            seed = secrets.randbelow(2**31) if seed is None else int(seed)
+            noise = NoiseSource.from_seed(seed, self.latent_size)
+        return Speech(self.backend, prompt, ids, noise, cfg_scale, steps, max_frames, seed)
+
+    def create(self, text: str, voice: str, **options) -> tuple[np.ndarray, int]:
+        speech = self.stream(text, voice, **options)
+        for _ in speech:
+            pass
+        return speech.result.audio, self.sample_rate

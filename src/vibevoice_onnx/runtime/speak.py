@@ -1,0 +1,135 @@
+"""`vibevoice-onnx speak`: text in, 24 kHz audio out, streamed to a WAV file or raw PCM on stdout."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VibeVoiceError
+from ..sampling import NoiseSource
+from .realtime import RealtimeTTS, Speech
+
+WAV_SUBTYPES = {"pcm16": "PCM_16", "float32": "FLOAT"}
+
+
+@dataclass
+class SpeakOptions:
+    voice: str | None = None
+    output: Path | None = None
+    wav_format: str = "pcm16"
+    cfg_scale: float = 1.5
+    steps: int = 5
+    seed: int | None = None
+    noise: Path | None = None
+    save_latents: Path | None = None
+    max_frames: int | None = None
+    raw: bool = False
+    threads: int | None = None
+
+
+def read_text(text: str | None, text_file: Path | None) -> str:
+    if text is not None and text_file is not None:
+        raise VibeVoiceError("give the text either as an argument or with -f, not both")
+    if text_file is not None:
+        try:
+            return Path(text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise VibeVoiceError(f"{text_file}: cannot read the text file ({e})") from None
+    if text is not None:
+        return text
+    if sys.stdin.isatty():
+        raise VibeVoiceError("no text: give it as an argument, with -f FILE, or on standard input")
+    return sys.stdin.read()
+
+
+class _AudioSink:
+    """Writes chunks as they come: a WAV file (header finalised on close) or raw PCM on stdout."""
+
+    def __init__(self, options: SpeakOptions, sample_rate: int):
+        self.options, self.clipped = options, 0
+        if options.raw:
+            self.file = None
+        else:
+            import soundfile as sf
+
+            self.file = sf.SoundFile(str(options.output), "w", samplerate=sample_rate, channels=1,
+                                     subtype=WAV_SUBTYPES[options.wav_format], format="WAV")
+
+    def write(self, samples: np.ndarray) -> None:
+        if self.options.wav_format == "pcm16":
+            self.clipped += int(np.count_nonzero(np.abs(samples) > 1.0))
+            samples = np.clip(samples, -1.0, 1.0)
+        if self.file is not None:
+            self.file.write(samples)
+            return
+        data = (np.round(samples * 32767).astype("<i2") if self.options.wav_format == "pcm16" else samples.astype("<f4"))
+        sys.stdout.buffer.write(data.tobytes())
+        sys.stdout.buffer.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _progress(speech: Speech, sample_rate: int, final: bool = False) -> None:
+    audio = speech.audio_seconds
+    rtf = speech.seconds / audio if audio else float("nan")
+    line = f"frame {speech.result.frames:5d}  audio {audio:7.2f} s  wall {speech.seconds:7.2f} s  RTF {rtf:.3f}"
+    if sys.stderr.isatty():
+        print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
+    elif (speech.result.frames % 6 == 0) != final:  # every speech window, and a last line if it fell between
+        print(line, file=sys.stderr, flush=True)
+
+
+def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
+    if options.seed is not None and options.noise is not None:
+        raise VibeVoiceError("give either --seed or --noise, not both")
+    if options.max_frames is not None and options.max_frames < 1:
+        raise VibeVoiceError("--max-frames must be at least 1")
+    if options.steps < 1:
+        raise VibeVoiceError("--steps must be at least 1")
+    load_start = time.perf_counter()
+    tts = RealtimeTTS(bundle_dir, threads=options.threads)
+    voices = tts.voices
+    voice = options.voice or (voices[0] if voices else None)
+    if voice is None:
+        raise VibeVoiceError(f"{bundle_dir}: has no voices; import one with `vibevoice-onnx voices import`")
+    noise = None
+    if options.noise is not None:
+        noise = NoiseSource.from_file(options.noise, tts.latent_size)
+        if options.max_frames is not None and options.max_frames > noise.frames:
+            raise VibeVoiceError(f"{options.noise}: has {noise.frames} rows, fewer than --max-frames {options.max_frames}")
+    speech = tts.stream(text, voice, cfg_scale=options.cfg_scale, steps=options.steps, seed=options.seed,
+                        noise=noise, max_frames=options.max_frames)
+    load_seconds = time.perf_counter() - load_start
+    print(f"voice {voice}, " + (f"seed {speech.seed}" if speech.seed is not None else f"noise {options.noise}"),
+          file=sys.stderr, flush=True)
+    sink = _AudioSink(options, tts.sample_rate)
+    try:
+        for chunk in speech:
+            sink.write(chunk.samples)
+            _progress(speech, tts.sample_rate)
+    finally:
+        sink.close()
+    _progress(speech, tts.sample_rate, final=True)
+    if options.save_latents is not None:
+        np.save(options.save_latents, np.stack(speech.result.latents).astype(np.float32))
+    audio = speech.audio_seconds
+    summary = {
+        "voice": voice,
+        "seed": speech.seed,
+        "frames": speech.result.frames,
+        "stop": speech.result.stop_reason,
+        "audio_seconds": round(audio, 3),
+        "wall_seconds": round(speech.seconds, 3),
+        "load_seconds": round(load_seconds, 3),
+        "real_time_factor": round(speech.seconds / audio, 4) if audio else None,
+        "first_audio_seconds": round(speech.first_chunk_seconds, 4) if speech.first_chunk_seconds is not None else None,
+        "clipped_samples": sink.clipped,
+        "output": None if options.raw else str(options.output),
+    }
+    return summary

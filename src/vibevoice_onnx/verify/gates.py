@@ -1,0 +1,284 @@
+"""`vibevoice-onnx verify`: parity gates of a realtime bundle against the fp32 PyTorch reference.
+
+Per graph on realistic inputs (LM caches from real prefills, head conditions from real LM outputs), KV
+incremental decode against a full prefill, streaming decode against whole decode, and the closed loop: the
+whole generation run by the torch-free runtime and by the reference with the same noise. A graph passes
+with cosine >= 0.99, or max|Δ| <= 1e-4 where the reference output is near silent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..errors import VibeVoiceError
+from ..generation import GenerationResult, realtime_frames
+from ..reference.generate import generate
+from ..reference.modules import ConvState, RealtimeModel, conv_state_specs
+from ..runtime.bundle import MANIFEST, Bundle
+from ..runtime.realtime import OnnxRealtimeBackend
+from ..sampling import NoiseSource
+from ..text import encode_tts_text
+from ..voices import VoicePrompt
+
+MIN_COSINE = 0.99
+SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
+SILENT_MAX_ABS = 1e-4
+CLOSED_LOOP_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
+    "one frame at a time."
+)
+CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first three text windows
+F32 = np.float32
+
+
+@dataclass
+class Gate:
+    name: str
+    cosine: float | None
+    max_abs: float
+    passed: bool
+    detail: str = ""
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    if denom == 0:
+        return 1.0 if np.array_equal(a, b) else 0.0
+    return float(a @ b / denom)
+
+
+def compare(name: str, outputs: list, references: list, detail: str = "") -> Gate:
+    """Gate several output tensors at once: the worst cosine and the largest difference over all of them."""
+    cosines, max_abs, silent = [], 0.0, True
+    for ours, ref in zip(outputs, references):
+        ours, ref = np.asarray(ours, F32), np.asarray(ref, F32)
+        if ours.shape != ref.shape:
+            return Gate(name, None, float("inf"), False, f"shape {list(ours.shape)} != {list(ref.shape)}")
+        cosines.append(cosine(ours, ref))
+        max_abs = max(max_abs, float(np.abs(ours - ref).max()) if ours.size else 0.0)
+        silent &= float(np.sqrt(np.mean(ref.astype(np.float64) ** 2))) < SILENT_RMS
+    worst = min(cosines)
+    passed = max_abs <= SILENT_MAX_ABS if silent else worst >= MIN_COSINE
+    return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""))
+
+
+def _t(a) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=F32))
+
+
+def _flat(cache: DynamicCache) -> list[np.ndarray]:
+    return [t.numpy().copy() for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+class GraphGates:
+    """Each graph of the bundle against the reference module it came from."""
+
+    def __init__(self, model: RealtimeModel, runtime: OnnxRealtimeBackend, seed: int = 0):
+        self.model, self.runtime = model, runtime
+        self.rng = np.random.default_rng(seed)
+        self.vocab = model.dims.lm.vocab
+
+    def _tokens(self, count: int) -> np.ndarray:
+        return self.model.embed_text(torch.from_numpy(self.rng.integers(0, self.vocab, (1, count)))).numpy()
+
+    def _prefilled(self, run, count: int) -> DynamicCache:
+        cache = DynamicCache()
+        run(_t(self._tokens(count)), torch.arange(count)[None], cache)
+        return cache
+
+    def language_model(self, name: str, run, past: int, new: int) -> Gate:
+        cache = self._prefilled(run, past)
+        flat_past = _flat(cache)
+        embeds = self._tokens(new)
+        positions = np.arange(past, past + new, dtype=np.int64)[None]
+        reference = run(_t(embeds), torch.from_numpy(positions), cache).numpy()
+        hidden, present = self.runtime._lm(name, embeds, positions, flat_past)
+        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *_flat(cache)])
+
+    def incremental_equals_prefill(self, name: str, length: int = 8, prefix: int = 3) -> Gate:
+        embeds = self._tokens(length)
+        empty = self.runtime.new_cache(self._empty_layers(name), name)
+        full, full_present = self.runtime._lm(name, embeds, np.arange(length)[None], empty)
+        hidden, cache = self.runtime._lm(name, embeds[:, :prefix], np.arange(prefix)[None], empty)
+        pieces = [hidden]
+        for i in range(prefix, length):
+            hidden, cache = self.runtime._lm(name, embeds[:, i : i + 1], np.array([[i]]), cache)
+            pieces.append(hidden)
+        return compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
+                       [np.concatenate(pieces, axis=1), *cache], [full, *full_present])
+
+    def _empty_layers(self, name: str):
+        q = self.model.dims.lm if name == "lower_lm" else self.model.dims.tts_lm
+        empty = np.zeros((1, q.kv_heads, 0, q.head_dim), F32)
+        return [(empty, empty)] * q.layers
+
+    def conditions(self, count: int) -> np.ndarray:
+        cache = DynamicCache()
+        return self.model.upper_step(_t(self._tokens(count)), torch.arange(count)[None], cache)[0].numpy()
+
+    def diffusion_head(self) -> Gate:
+        conditions = self.conditions(4)
+        noisy = self.rng.standard_normal((4, self.model.dims.head.latent)).astype(F32)
+        timesteps = np.array([999, 799, 400, 200], F32)
+        ours = self.runtime.velocity(noisy, timesteps, conditions)
+        reference = self.model.predict_velocity(_t(noisy), _t(timesteps), _t(conditions)).numpy()
+        return compare("diffusion_head", [ours], [reference])
+
+    def connector(self) -> Gate:
+        latents = self.rng.standard_normal((1, 4, self.model.dims.head.latent)).astype(F32)
+        return compare("acoustic_connector", [self.runtime.connect(latents)], [self.model.connect(_t(latents)).numpy()])
+
+    def eos(self) -> Gate:
+        hidden = self.conditions(4)
+        ours = self.runtime.sessions["eos_classifier"].run(None, {"hidden_states": hidden})[0]
+        return compare("eos_classifier", [ours], [self.model.eos_logit(_t(hidden)).numpy()])
+
+    def _decoder_latents(self, frames: int) -> np.ndarray:
+        z = self.rng.standard_normal((1, frames, self.model.dims.head.latent)).astype(F32)
+        return self.runtime.unscale(z)
+
+    def decoder_whole(self) -> Gate:
+        latents = self._decoder_latents(6)
+        ours = self.runtime.bundle.session("acoustic_decoder").run(None, {"latents": latents})[0]
+        return compare("acoustic_decoder (6 frames)", [ours], [self.model.decode(_t(latents)).numpy()])
+
+    def decoder_stream(self) -> Gate:
+        latents = self._decoder_latents(3)
+        state = ConvState.zeros(conv_state_specs(self.model.acoustic_decoder))
+        ours_state = self.runtime.new_decoder_state()
+        outputs, references = [], []
+        for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
+            ours, ours_state = self.runtime.decode_frame(latents[:, i : i + 1], ours_state)
+            reference = self.model.decode_stream(_t(latents[:, i : i + 1]), state)[0, 0].numpy()
+            outputs += [ours]
+            references += [reference]
+        outputs += ours_state
+        references += [state.tensors[s["name"]].numpy() for s in self.runtime.states]
+        return compare("acoustic_decoder_stream (3 frames, states)", outputs, references)
+
+    def stream_equals_whole(self, frames: int = 8) -> Gate:
+        latents = self._decoder_latents(frames)
+        whole = self.runtime.bundle.session("acoustic_decoder").run(None, {"latents": latents})[0][0, 0]
+        state, pieces = self.runtime.new_decoder_state(), []
+        for i in range(frames):
+            chunk, state = self.runtime.decode_frame(latents[:, i : i + 1], state)
+            pieces.append(chunk)
+        return compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces)], [whole])
+
+
+def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
+                seed: int = 1234, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
+    noise = NoiseSource.from_seed(seed, model.dims.head.latent)
+    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames)
+    ours = GenerationResult()
+    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, ours):
+        pass
+    count = min(ours.frames, reference.frames)
+    latent_cosines = [cosine(a, b) for a, b in zip(ours.latents[:count], reference.latents[:count])]
+    audio_cos = cosine(ours.audio[: count * len(ours.chunks[0])], reference.audio[: count * len(reference.chunks[0])]) if count else 0.0
+    same_stop = (ours.frames, ours.eos_frame, ours.stop_reason) == (reference.frames, reference.eos_frame, reference.stop_reason)
+    eos_diff = max((abs(a - b) for a, b in zip(ours.eos_logits, reference.eos_logits)), default=0.0)
+    windows = -(-len(ids) // 5)
+    detail = f"{reference.frames} frames, {windows} text windows, cfg 1.5, 5 steps, seed {seed}"
+    gates = [
+        Gate("closed loop: per-frame latent min cosine", min(latent_cosines) if latent_cosines else None,
+             max((float(np.abs(a - b).max()) for a, b in zip(ours.latents, reference.latents)), default=0.0),
+             bool(latent_cosines) and min(latent_cosines) >= MIN_COSINE and reference.frames >= 12, detail),
+        Gate("closed loop: audio cosine", audio_cos, float(np.abs(ours.audio - reference.audio).max()) if same_stop else float("inf"),
+             audio_cos >= MIN_COSINE, detail),
+        Gate("closed loop: same EOS frame and stop", None, eos_diff, same_stop,
+             f"runtime {ours.stop_reason} after {ours.frames} frames (EOS frame {ours.eos_frame}), reference "
+             f"{reference.stop_reason} after {reference.frames} (EOS frame {reference.eos_frame}); max |Δ eos logit| {eos_diff:.2e}"),
+    ]
+    return gates, {"frames": reference.frames, "text_tokens": len(ids), "seed": seed}
+
+
+def verification_prompt(bundle: Bundle, model: RealtimeModel) -> tuple[VoicePrompt, str]:
+    """The bundle's first voice, or (a bundle without voices) a prompt computed by the reference."""
+    voices = bundle.voices()
+    if voices:
+        return bundle.voice(voices[0]), voices[0]
+    from ..reference.presets import as_voice_prompt, compute_prompt
+
+    tokenizer = bundle.tokenizer
+    pad = tokenizer.token_to_id("<|image_pad|>") or 0
+    return as_voice_prompt(compute_prompt(model, tokenizer.encode("A voice prompt.\n").ids, pad)), "(computed by the reference)"
+
+
+def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
+    path = Path(checkpoint) if checkpoint else Path(bundle.manifest["source"]["path"])
+    if not (path / "config.json").is_file():
+        raise VibeVoiceError(f"{path}: checkpoint not found; pass --checkpoint with the directory this bundle was built from")
+    return path
+
+
+@torch.no_grad()
+def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, log=None) -> dict:
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    bundle = Bundle(Path(bundle_dir))
+    bundle.require_kind("realtime")
+    checkpoint = resolve_checkpoint(bundle, checkpoint)
+    from ..checkpoints.files import open_checkpoint
+    from ..export.build import checkpoint_hash
+    from ..reference.loading import load_realtime
+
+    files = open_checkpoint(checkpoint)
+    source_hash = checkpoint_hash(checkpoint, files)
+    if source_hash != bundle.manifest["source"]["hash"]:
+        raise VibeVoiceError(f"{checkpoint}: is not the checkpoint this bundle was built from (its hash differs)")
+    model = load_realtime(checkpoint)
+    runtime = OnnxRealtimeBackend(bundle)
+    graphs = GraphGates(model, runtime)
+    gates = []
+    log("  per-graph gates")
+    gates.append(graphs.language_model("lower_lm", model.lower_step, past=7, new=5))
+    gates.append(graphs.language_model("upper_lm", model.upper_step, past=11, new=5))
+    gates.append(graphs.language_model("upper_lm", model.upper_step, past=16, new=1))
+    gates += [graphs.diffusion_head(), graphs.connector(), graphs.eos(), graphs.decoder_whole(), graphs.decoder_stream()]
+    log("  KV cache and streaming gates")
+    gates += [graphs.incremental_equals_prefill("lower_lm"), graphs.incremental_equals_prefill("upper_lm"), graphs.stream_equals_whole()]
+    log("  closed loop: the whole generation, runtime vs reference")
+    prompt, voice = verification_prompt(bundle, model)
+    ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
+    loop_gates, loop_info = closed_loop(model, runtime, prompt, ids)
+    gates += loop_gates
+    record = {
+        "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint": str(checkpoint.resolve()),
+        "reference": "fp32 PyTorch (transformers modules), CPU",
+        "thresholds": {"min_cosine": MIN_COSINE, "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
+        "closed_loop": {**loop_info, "voice": voice},
+        "passed": all(g.passed for g in gates),
+        "gates": [asdict(g) for g in gates],
+    }
+    manifest = dict(bundle.manifest, parity=record)
+    tmp = bundle.path / (MANIFEST + ".partial")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, bundle.path / MANIFEST)
+    return record
+
+
+def format_table(record: dict) -> str:
+    rows = [("gate", "cosine", "max |Δ|", "result")]
+    for g in record["gates"]:
+        rows.append((g["name"], "-" if g["cosine"] is None else f"{g['cosine']:.6f}", f"{g['max_abs']:.2e}", "pass" if g["passed"] else "FAIL"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for g in record["gates"]:
+        if g["detail"] and (not g["passed"] or g["name"].startswith("closed loop: same")):
+            lines.append(f"  {g['name']}: {g['detail']}")
+    lines.append("all gates passed" if record["passed"] else "SOME GATES FAILED")
+    return "\n".join(lines)
+
+
