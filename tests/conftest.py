@@ -39,3 +39,31 @@ def realtime_reference(tiny_checkpoints):
     from vibevoice_onnx.reference.loading import load_realtime
 
     return load_realtime(tiny_checkpoints["realtime"])
+
+
+@pytest.fixture(scope="session")
+def tiny_preset(tiny_checkpoints, realtime_reference, tmp_path_factory) -> Path:
+    """An upstream-format preset for the tiny realtime checkpoint, as make-checkpoint writes it."""
+    from vibevoice_onnx.reference.presets import write_synthetic_preset
+    from vibevoice_onnx.text import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
+    return write_synthetic_preset(realtime_reference, tokenizer, tmp_path_factory.mktemp("preset") / "synthetic.pt")
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_checkpoints, tiny_preset, tmp_path_factory) -> Path:
+    """The tiny realtime checkpoint built into a bundle, with the synthetic voice imported. Treat as read-only."""
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.runtime.voice_store import import_voice
+
+    bundle = build_bundle(tiny_checkpoints["realtime"], tmp_path_factory.mktemp("onnx"))
+    import_voice(bundle, tiny_preset, "synthetic")
+    return bundle
+
+
+def copy_bundle(bundle: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(bundle, dst)
+    return dst

@@ -57,7 +57,7 @@ def cmd_build(args) -> int:
 def cmd_verify(args) -> int:
     from .verify.gates import format_table, verify_bundle
 
-    record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None)
+    record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None, args.voice)
     print(json.dumps(record, indent=2) if args.json else format_table(record))
     return 0 if record["passed"] else EXIT_MISMATCH
 
@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
     p.add_argument("--checkpoint", metavar="DIR", help="the source checkpoint (default: the one recorded at build)")
+    p.add_argument("--voice", metavar="NAME", help="run the closed loop from this bundle voice "
+                   "(default: a prompt the reference computes from the checkpoint)")
     p.add_argument("--json", action="store_true", help="print the parity record as JSON")
     p.set_defaults(func=cmd_verify)
 

@@ -52,7 +52,7 @@ class Bundle:
 
     def require_kind(self, kind: str) -> None:
         if self.kind != kind:
-            raise BundleError(f"{self.path}: is a {self.kind} bundle, this needs a {kind} bundle")
+            raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind '{kind}'")
 
     def session(self, name: str):
         if name not in self._sessions:

@@ -1,0 +1,86 @@
+"""`build`: the bundle's contents and manifest, atomicity, and the tokenizer rule."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from vibevoice_onnx.errors import VibeVoiceError
+from vibevoice_onnx.export import build as build_module
+from vibevoice_onnx.export.build import build_bundle, resolve_tokenizer
+
+from helpers import copy_checkpoint
+
+GRAPHS = {"lower_lm", "upper_lm", "diffusion_head", "acoustic_connector", "eos_classifier", "acoustic_decoder", "acoustic_decoder_stream"}
+
+
+def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoints):
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert tiny_bundle.parts[-2:] == ("realtime", "cpu_fp32")
+    assert manifest["model_kind"] == "realtime" and manifest["precision"] == "fp32"
+    assert set(manifest["graphs"]) == GRAPHS
+    assert manifest["config"] == json.loads((tiny_checkpoints["realtime"] / "config.json").read_text())
+    assert manifest["source"]["hash"].startswith("sha256:")
+    assert manifest["tools"]["torch"] and manifest["tools"]["onnxruntime"]
+    lower, upper = manifest["graphs"]["lower_lm"], manifest["graphs"]["upper_lm"]
+    assert [i["name"] for i in lower["inputs"]] == ["inputs_embeds", "position_ids"] + [
+        f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
+    assert len(upper["outputs"]) == 1 + 2 * 4  # hidden + present K/V of the 4 upper layers
+    assert upper["inputs"][1]["dtype"] == "int64" and upper["inputs"][0]["shape"][-1] == 64
+    stream = manifest["graphs"]["acoustic_decoder_stream"]
+    assert len(stream["inputs"]) == 1 + len(stream["states"]) == len(stream["outputs"])
+    for name, graph in manifest["graphs"].items():
+        model = onnx.load(str(tiny_bundle / graph["file"]))
+        onnx.checker.check_model(model)
+        assert [i.name for i in model.graph.input] == [i["name"] for i in graph["inputs"]]
+    from safetensors.numpy import load_file
+
+    host = load_file(tiny_bundle / "host.safetensors")
+    assert host["embed_tokens"].shape == (512, 64) and host["tts_input_types"].shape == (2, 64)
+    assert np.isfinite(float(host["speech_scaling_factor"]))
+    assert (tiny_bundle / "tokenizer.json").is_file()
+
+
+def test_lm_graphs_do_not_carry_the_embedding_table(tiny_bundle):
+    model = onnx.load(str(tiny_bundle / "upper_lm.onnx"))
+    assert not any(tuple(i.dims) == (512, 64) for i in model.graph.initializer)
+
+
+def test_a_failed_build_leaves_nothing_that_looks_complete(tiny_checkpoints, tmp_path, monkeypatch):
+    calls = []
+    real_export = build_module.export_graph
+
+    def export_then_fail(spec, out_dir, log=print):
+        if calls:
+            raise RuntimeError("simulated crash during export")
+        calls.append(spec.name)
+        return real_export(spec, out_dir, log)
+
+    monkeypatch.setattr(build_module, "export_graph", export_then_fail)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        build_bundle(tiny_checkpoints["realtime"], tmp_path)
+    assert calls == ["lower_lm"]
+    assert list((tmp_path / "realtime").iterdir()) == []
+
+
+def test_a_checkpoint_without_tokenizer_needs_one(tiny_checkpoints, tmp_path):
+    ckpt = copy_checkpoint(tiny_checkpoints["realtime"], tmp_path / "ckpt")
+    (ckpt / "tokenizer.json").unlink()
+    with pytest.raises(VibeVoiceError, match="has no tokenizer.json.*pass --tokenizer"):
+        build_bundle(ckpt, tmp_path / "onnx")
+    assert not (tmp_path / "onnx" / "realtime" / "cpu_fp32").exists()
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text((tiny_checkpoints["realtime"] / "tokenizer.json").read_text())
+    assert resolve_tokenizer(ckpt, folder) == folder / "tokenizer.json"
+    assert resolve_tokenizer(ckpt, folder / "tokenizer.json") == folder / "tokenizer.json"
+    with pytest.raises(VibeVoiceError, match="no tokenizer.json there"):
+        resolve_tokenizer(ckpt, tmp_path / "nowhere")
+
+
+def test_unsupported_requests_are_refused(tiny_checkpoints, tmp_path):
+    with pytest.raises(VibeVoiceError, match="precision 'int4' is not supported yet"):
+        build_bundle(tiny_checkpoints["realtime"], tmp_path, precision="int4")
+    with pytest.raises(VibeVoiceError, match="realtime only"):
+        build_bundle(tiny_checkpoints["1.5b"], tmp_path)

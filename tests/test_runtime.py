@@ -1,0 +1,141 @@
+"""The torch-free runtime: no torch import anywhere, the Python API, and `speak` from the command line."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.runtime.realtime import RealtimeTTS
+from vibevoice_onnx.sampling import NoiseSource
+from vibevoice_onnx.text import encode_tts_text
+
+from conftest import copy_bundle
+
+TEXT = "Hello there, this is the runtime speaking."
+
+BLOCK_TORCH = textwrap.dedent(
+    """
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"blocked import of {name}")
+    sys.meta_path.insert(0, Block())
+    """
+)
+
+
+def test_runtime_runs_with_torch_and_transformers_blocked(tiny_bundle, tmp_path):
+    script = BLOCK_TORCH + textwrap.dedent(
+        f"""
+        import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.runtime.speak
+        import vibevoice_onnx.runtime.voice_store, vibevoice_onnx.generation, vibevoice_onnx.voices
+        from vibevoice_onnx.cli import main
+        assert main(["voices", "list", {str(tiny_bundle)!r}]) == 0
+        assert main(["speak", {str(tiny_bundle)!r}, "Hello.", "--seed", "1", "--max-frames", "3", "-o", {str(tmp_path / "a.wav")!r}]) == 0
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+        assert not loaded, loaded
+        print("torch-free ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-free ok" in proc.stdout
+    assert sf.info(str(tmp_path / "a.wav")).frames == 3 * 3200
+
+
+def test_api_streams_chunks_that_match_the_reference(tiny_bundle, realtime_reference):
+    tts = RealtimeTTS(tiny_bundle)
+    assert tts.voices == ["synthetic"] and tts.sample_rate == 24000
+    speech = tts.stream(TEXT, voice="synthetic", seed=11, max_frames=9)
+    chunks = list(speech)
+    assert [c.frame for c in chunks] == list(range(9)) and all(c.sample_rate == 24000 for c in chunks)
+    assert all(c.samples.shape == (3200,) and c.samples.dtype == np.float32 for c in chunks)
+    reference = generate(realtime_reference, tts.bundle.voice("synthetic"), encode_tts_text(tts.bundle.tokenizer, TEXT),
+                         NoiseSource.from_seed(11), max_frames=9)
+    ours = np.concatenate([c.samples for c in chunks])
+    assert np.corrcoef(ours, reference.audio)[0, 1] > 0.999
+    audio, rate = tts.create(TEXT, voice="synthetic", seed=11, max_frames=9)
+    assert rate == 24000 and np.array_equal(audio, ours)
+
+
+def test_speak_writes_a_24khz_wav_and_reports(tiny_bundle, tmp_path, capsys):
+    out = tmp_path / "speech.wav"
+    assert main(["speak", str(tiny_bundle), TEXT, "--seed", "3", "--max-frames", "7", "-o", str(out)]) == 0
+    info = sf.info(str(out))
+    assert (info.samplerate, info.channels, info.frames, info.subtype) == (24000, 1, 7 * 3200, "PCM_16")
+    err = capsys.readouterr().err
+    assert "seed 3" in err and "frames 7 (max_frames)" in err and "real-time factor" in err and "first audio after" in err
+    assert main(["speak", str(tiny_bundle), TEXT, "--seed", "3", "--max-frames", "2", "--wav-format", "float32", "-o", str(out)]) == 0
+    assert sf.info(str(out)).subtype == "FLOAT"
+
+
+def test_noise_file_reproduces_a_seeded_run_and_latents_are_saved(tiny_bundle, tmp_path):
+    rows = np.stack([NoiseSource.from_seed(5)(i) for i in range(6)])
+    np.save(tmp_path / "noise.npy", rows)
+    args = [str(tiny_bundle), TEXT, "--max-frames", "6"]
+    assert main(["speak", *args, "--seed", "5", "-o", str(tmp_path / "a.wav"), "--save-latents", str(tmp_path / "a.npy")]) == 0
+    assert main(["speak", *args, "--noise", str(tmp_path / "noise.npy"), "-o", str(tmp_path / "b.wav"), "--save-latents", str(tmp_path / "b.npy")]) == 0
+    a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
+    assert a.shape == (6, 64) and a.dtype == np.float32 and np.array_equal(a, b)
+    assert np.array_equal(sf.read(str(tmp_path / "a.wav"))[0], sf.read(str(tmp_path / "b.wav"))[0])
+
+
+def run_cli(*args, stdin=None):
+    proc = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *map(str, args)], input=stdin, capture_output=True)
+    return proc.returncode, proc.stdout, proc.stderr.decode()
+
+
+def test_raw_pcm_goes_to_stdout_and_text_comes_from_stdin(tiny_bundle):
+    code, out, err = run_cli("speak", tiny_bundle, "--seed", "2", "--max-frames", "4", "--raw", stdin=TEXT.encode())
+    assert code == 0, err
+    assert len(out) == 4 * 3200 * 2  # pcm16
+    samples = np.frombuffer(out, dtype="<i2")
+    assert samples.std() > 0
+
+
+def test_text_from_a_file(tiny_bundle, tmp_path):
+    (tmp_path / "text.txt").write_text(TEXT + "\n\n", encoding="utf-8")
+    assert main(["speak", str(tiny_bundle), "-f", str(tmp_path / "text.txt"), "--seed", "2", "--max-frames", "2", "-o", str(tmp_path / "f.wav")]) == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["   \n "], "the text is empty"),
+        ([TEXT, "--voice", "nobody"], "has no voice 'nobody' (available: synthetic)"),
+        ([TEXT, "--seed", "1", "--noise", "n.npy"], "either --seed or --noise"),
+    ],
+)
+def test_speak_input_errors(tiny_bundle, tmp_path, args, message):
+    code, out, err = run_cli("speak", tiny_bundle, *args, "-o", tmp_path / "x.wav")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_noise_files_of_the_wrong_shape_or_length(tiny_bundle, tmp_path):
+    np.save(tmp_path / "wide.npy", np.zeros((5, 32), np.float32))
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "--noise", tmp_path / "wide.npy", "-o", tmp_path / "x.wav")
+    assert code == 2 and "noise must have shape [frames, 64]" in err
+    np.save(tmp_path / "short.npy", np.ones((3, 64), np.float32))
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "--noise", tmp_path / "short.npy", "--max-frames", "5", "-o", tmp_path / "x.wav")
+    assert code == 2 and "has 3 rows, fewer than --max-frames 5" in err
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "--noise", tmp_path / "short.npy", "-o", tmp_path / "y.wav")
+    assert code == 2 and "the noise file has 3 rows, but generation reached frame 4" in err and "Traceback" not in err
+
+
+def test_a_bundle_of_another_kind_is_refused(tiny_bundle, tmp_path):
+    other = copy_bundle(tiny_bundle, tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["model_kind"] = "asr"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = run_cli("speak", other, TEXT, "-o", tmp_path / "x.wav")
+    assert code == 2 and "is a bundle of kind 'asr'; this needs kind 'realtime'" in err
+    code, _, err = run_cli("speak", tmp_path, TEXT)
+    assert code == 2 and "not a complete vibevoice-onnx bundle" in err

@@ -1,0 +1,87 @@
+"""`verify`: the gates pass on a faithful bundle, fail on a broken one, and agree on EOS."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.export.graphs import export_graph, realtime_graph_specs
+from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.reference.presets import as_voice_prompt, compute_prompt
+from vibevoice_onnx.runtime.bundle import Bundle
+from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
+from vibevoice_onnx.sampling import NoiseSource
+from vibevoice_onnx.text import encode_tts_text
+from vibevoice_onnx.verify.gates import CLOSED_LOOP_TEXT, closed_loop, verify_bundle
+
+from conftest import copy_bundle
+
+
+@pytest.fixture(scope="module")
+def verified(tiny_bundle, tmp_path_factory):
+    bundle = copy_bundle(tiny_bundle, tmp_path_factory.mktemp("verified") / "cpu_fp32")
+    return bundle, verify_bundle(bundle)
+
+
+def test_all_gates_pass_and_are_recorded_in_the_manifest(verified):
+    bundle, record = verified
+    assert record["passed"], [g for g in record["gates"] if not g["passed"]]
+    names = [g["name"] for g in record["gates"]]
+    for graph in ("lower_lm", "upper_lm", "diffusion_head", "acoustic_connector", "eos_classifier", "acoustic_decoder ", "acoustic_decoder_stream"):
+        assert any(n.startswith(graph) for n in names), graph
+    assert any("prefill 3 + 5 steps" in n for n in names) and any("streamed frames == whole" in n for n in names)
+    loop = [g for g in record["gates"] if g["name"].startswith("closed loop")]
+    assert len(loop) == 3 and record["closed_loop"]["frames"] >= 12 and record["closed_loop"]["voice"] == "(computed by the reference)"
+    assert all(g["cosine"] is None or g["cosine"] >= 0.99 for g in record["gates"])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["parity"] == record
+
+
+def test_a_broken_graph_fails_its_gate_and_the_loop(tiny_bundle, tmp_path, capsys):
+    bundle = copy_bundle(tiny_bundle, tmp_path / "broken")
+    path = bundle / "diffusion_head.onnx"
+    model = onnx.load(str(path))
+    largest = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
+    largest.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(largest), largest.name))
+    onnx.save(model, str(path))
+    assert main(["verify", str(bundle)]) == 1
+    out = capsys.readouterr().out
+    assert "SOME GATES FAILED" in out
+    failed = {line.split("  ")[0] for line in out.splitlines() if line.rstrip().endswith("FAIL")}
+    assert "diffusion_head" in failed and "closed loop: audio cosine" in failed
+    assert not any(name.startswith(("lower_lm", "upper_lm", "acoustic_decoder")) for name in failed)
+
+
+def test_verify_refuses_a_different_checkpoint(tiny_bundle, tiny_checkpoints, capsys):
+    assert main(["verify", str(tiny_bundle), "--checkpoint", str(tiny_checkpoints["1.5b"])]) == 2
+    assert "is not the checkpoint this bundle was built from" in capsys.readouterr().err
+
+
+@torch.no_grad()
+def test_closed_loop_agrees_on_an_eos_that_fires_mid_run(tiny_bundle, realtime_reference, tmp_path):
+    """Shift the EOS bias so the reference fires EOS at a chosen frame; the runtime must stop there too."""
+    model = realtime_reference
+    bundle = Bundle(tiny_bundle)
+    tokenizer = bundle.tokenizer
+    prompt = as_voice_prompt(compute_prompt(model, tokenizer.encode("A voice.\n").ids, tokenizer.token_to_id("<|image_pad|>")))
+    ids = encode_tts_text(tokenizer, CLOSED_LOOP_TEXT)
+    probe = generate(model, prompt, ids, NoiseSource.from_seed(1234), max_frames=25)
+    logits = np.array(probe.eos_logits)
+    target = 8 + int(np.argmax(logits[8:20]))  # the highest logit after frame 8 fires first once shifted
+    margin = (logits[target] - logits[:target].max()) / 2
+    assert margin > 0
+    original = model.eos_classifier.fc2.bias.clone()
+    try:
+        model.eos_classifier.fc2.bias -= float(logits[target]) - margin
+        edited = copy_bundle(tiny_bundle, tmp_path / "eos")
+        eos_spec = next(s for s in realtime_graph_specs(model) if s.name == "eos_classifier")
+        export_graph(eos_spec, edited, log=lambda m: None)
+        gates, info = closed_loop(model, OnnxRealtimeBackend(Bundle(edited)), prompt, ids, seed=1234, frames=30)
+    finally:
+        model.eos_classifier.fc2.bias.copy_(original)
+    assert all(g.passed for g in gates), gates
+    assert info["frames"] == target + 1 and "EOS frame " + str(target) in gates[2].detail
