@@ -24,10 +24,10 @@ def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoin
     assert manifest["source"]["hash"].startswith("sha256:")
     assert manifest["tools"]["torch"] and manifest["tools"]["onnxruntime"]
     lower, upper = manifest["graphs"]["lower_lm"], manifest["graphs"]["upper_lm"]
-    assert [i["name"] for i in lower["inputs"]] == ["inputs_embeds", "position_ids"] + [
+    assert [i["name"] for i in lower["inputs"]] == ["inputs_embeds", "attention_mask", "position_ids"] + [
         f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     assert len(upper["outputs"]) == 1 + 2 * 4  # hidden + present K/V of the 4 upper layers
-    assert upper["inputs"][1]["dtype"] == "int64" and upper["inputs"][0]["shape"][-1] == 64
+    assert upper["inputs"][2]["dtype"] == "int64" and upper["inputs"][0]["shape"][-1] == 64
     stream = manifest["graphs"]["acoustic_decoder_stream"]
     assert len(stream["inputs"]) == 1 + len(stream["states"]) == len(stream["outputs"])
     for name, graph in manifest["graphs"].items():

@@ -19,7 +19,7 @@ a backend that evaluates the components; this module owns the algorithm of upstr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -37,15 +37,50 @@ class RealtimeBackend(Protocol):
 
     def embed_text(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
     def type_embedding(self, index: int) -> np.ndarray: ...  # [H]
-    def new_cache(self, layers: list[tuple[np.ndarray, np.ndarray]], which: str) -> Any: ...
-    def lower(self, embeds: np.ndarray, positions: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]: ...
-    def upper(self, embeds: np.ndarray, positions: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]: ...
+    def text_stream(self, layers) -> "LmStream": ...  # the lower LM from the voice prompt's cache
+    def guided_streams(self, positive, negative) -> "GuidedStreams": ...  # the upper LM, both CFG streams
     def velocity(self, noisy: np.ndarray, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray: ...
     def connect(self, latent: np.ndarray) -> np.ndarray: ...  # [1, 1, 64] -> [1, 1, H]
     def eos_logit(self, hidden: np.ndarray) -> float: ...  # [1, H]
     def new_decoder_state(self) -> Any: ...
     def decode_frame(self, latent: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # unscaled [1,1,64]
     def unscale(self, latent: np.ndarray) -> np.ndarray: ...
+
+
+class LmStream:
+    """One language-model stream: its KV cache and its next position.
+
+    `run(embeds, positions, cache) -> (hidden, cache)` evaluates the model; positions continue after the
+    cached prompt, consecutively (facts sheet 2.3 bookkeeping).
+    """
+
+    def __init__(self, run: Callable, cache: Any, length: int):
+        self.run, self.cache, self.position = run, cache, length
+
+    def step(self, embeds: np.ndarray) -> np.ndarray:
+        count = embeds.shape[1]
+        positions = np.arange(self.position, self.position + count, dtype=np.int64)[None]
+        hidden, self.cache = self.run(embeds, positions, self.cache)
+        self.position += count
+        return hidden
+
+
+class GuidedStreams:
+    """The positive and negative upper-LM streams of CFG: text goes to the positive one only, every speech
+    frame to both (positive first). This plain form runs them one after the other; a backend may batch."""
+
+    def __init__(self, positive: LmStream, negative: LmStream):
+        self.positive, self.negative = positive, negative
+
+    @property
+    def position(self) -> int:
+        return self.positive.position
+
+    def text(self, embeds: np.ndarray) -> np.ndarray:
+        return self.positive.step(embeds)[:, -1]
+
+    def speech(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.positive.step(embeds)[:, -1], self.negative.step(embeds)[:, -1]
 
 
 @dataclass
@@ -78,22 +113,6 @@ def sigmoid(x: float) -> np.float32:
     return e / (np.float32(1) + e)
 
 
-class _Stream:
-    """One language-model stream: its KV cache and its next position."""
-
-    def __init__(self, backend: RealtimeBackend, layers, which: str):
-        self.run = backend.lower if which == "lm" else backend.upper
-        self.cache = backend.new_cache(layers, which)
-        self.position = layers[0][0].shape[2]
-
-    def step(self, embeds: np.ndarray) -> np.ndarray:
-        count = embeds.shape[1]
-        positions = np.arange(self.position, self.position + count, dtype=np.int64)[None]
-        hidden, self.cache = self.run(embeds, positions, self.cache)
-        self.position += count
-        return hidden
-
-
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
@@ -107,9 +126,8 @@ def realtime_frames(
 ) -> Iterator[np.ndarray]:
     """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
     schedule = DpmSolverSchedule.create(steps, train_steps)
-    lm = _Stream(backend, prompt.lm, "lm")
-    tts = _Stream(backend, prompt.tts_lm, "tts_lm")
-    neg = _Stream(backend, prompt.neg_tts_lm, "neg_tts_lm")
+    lm = backend.text_stream(prompt.lm)
+    tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm)
     h_pos = np.asarray(prompt.tts_condition, np.float32)[None]
     h_neg = np.asarray(prompt.neg_condition, np.float32)[None]
     decoder_state = backend.new_decoder_state()
@@ -129,7 +147,7 @@ def realtime_frames(
                 result.stop_reason = "max_length"
                 return
             lm_hidden = lm.step(backend.embed_text(window))
-            h_pos = tts.step(lm_hidden + text_type)[:, -1]
+            h_pos = tts.text(lm_hidden + text_type)
         for _ in range(SPEECH_WINDOW):
             z = sample_latent(schedule, noise(result.frames), guided_velocity, cfg_scale)
             latent = z[None, None]
@@ -144,8 +162,7 @@ def realtime_frames(
             if tts.position + 1 > backend.max_positions:
                 result.stop_reason = "max_length"
                 return
-            h_pos = tts.step(feedback)[:, -1]
-            h_neg = neg.step(feedback)[:, -1]
+            h_pos, h_neg = tts.speech(feedback)
             logit = backend.eos_logit(h_pos)
             result.eos_logits.append(logit)
             if sigmoid(logit) > 0.5:

@@ -28,7 +28,11 @@ def kv_names(layers: int, prefix: str) -> list[str]:
 
 
 class LanguageModelGraph(nn.Module):
-    """One Qwen2 stack with its KV cache as inputs (past length P may be 0) and outputs (length P+S)."""
+    """One Qwen2 stack with its KV cache as inputs (past length P may be 0) and outputs (length P+S).
+
+    The attention mask [B, P+S] lets the runtime batch the positive and negative CFG streams, the shorter
+    one left-padded (mask 0); position ids are explicit because the two streams sit at different positions.
+    """
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -38,9 +42,10 @@ class LanguageModelGraph(nn.Module):
         self.lm._modules["embed_tokens"] = None
         self.layers = len(lm.layers)
 
-    def forward(self, inputs_embeds, position_ids, *past):
+    def forward(self, inputs_embeds, attention_mask, position_ids, *past):
         cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.layers)])
-        out = self.lm(inputs_embeds=inputs_embeds, position_ids=position_ids, past_key_values=cache, use_cache=True)
+        out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=cache, use_cache=True)
         return (out.last_hidden_state, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
 
 
@@ -113,19 +118,22 @@ def realtime_graph_specs(model: RealtimeModel) -> list[GraphSpec]:
     max_positions = dims.tts_lm.max_positions
     g = torch.Generator().manual_seed(0)
 
+    batch = Dim("batch", min=1, max=64)
+
     def lm_spec(name: str, lm: nn.Module, q) -> GraphSpec:
         seq, past = Dim("sequence", min=1, max=max_positions), Dim("past_sequence", min=0, max=max_positions)
-        example_past = tuple(torch.randn(1, q.kv_heads, 5, q.head_dim, generator=g) for _ in range(2 * q.layers))
+        example_past = tuple(torch.randn(2, q.kv_heads, 5, q.head_dim, generator=g) for _ in range(2 * q.layers))
+        mask = torch.ones(2, 8, dtype=torch.long)
+        mask[1, :2] = 0
         return GraphSpec(
             name,
             LanguageModelGraph(lm),
-            (torch.randn(1, 3, hidden, generator=g), torch.arange(5, 8)[None], *example_past),
-            ["inputs_embeds", "position_ids", *kv_names(q.layers, "past_key_values")],
+            (torch.randn(2, 3, hidden, generator=g), mask, torch.arange(5, 8)[None].repeat(2, 1), *example_past),
+            ["inputs_embeds", "attention_mask", "position_ids", *kv_names(q.layers, "past_key_values")],
             ["hidden_states", *kv_names(q.layers, "present")],
-            ({1: seq}, {1: seq}, tuple({2: past} for _ in example_past)),
+            ({0: batch, 1: seq}, {0: batch, 1: Dim.AUTO}, {0: batch, 1: seq}, tuple({0: batch, 2: past} for _ in example_past)),
         )
 
-    batch = Dim("batch", min=1, max=64)
     frames = Dim("frames", min=1, max=4096)
     decoder = model.acoustic_decoder
     state_specs = conv_state_specs(decoder)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..generation import GenerationResult, realtime_frames
+from ..generation import GenerationResult, GuidedStreams, LmStream, realtime_frames
 from ..sampling import NoiseSource
 from ..voices import VoicePrompt
 from .modules import ConvState, RealtimeModel, conv_state_specs
@@ -29,14 +29,17 @@ class TorchRealtimeBackend:
     def type_embedding(self, index):
         return self.model.type_embedding(index).numpy()
 
-    def new_cache(self, layers, which):
-        return DynamicCache(ddp_cache_data=[(_t(k), _t(v)) for k, v in layers])
+    def _stream(self, step, layers) -> LmStream:
+        cache = DynamicCache(ddp_cache_data=[(_t(k), _t(v)) for k, v in layers])
+        run = lambda embeds, positions, cache: (step(_t(embeds), torch.from_numpy(positions), cache).numpy(), cache)  # noqa: E731
+        return LmStream(run, cache, layers[0][0].shape[2])
 
-    def lower(self, embeds, positions, cache):
-        return self.model.lower_step(_t(embeds), torch.from_numpy(positions), cache).numpy(), cache
+    def text_stream(self, layers):
+        return self._stream(self.model.lower_step, layers)
 
-    def upper(self, embeds, positions, cache):
-        return self.model.upper_step(_t(embeds), torch.from_numpy(positions), cache).numpy(), cache
+    def guided_streams(self, positive, negative):
+        # Upstream runs the two CFG streams as separate batch-1 forwards; so does the reference.
+        return GuidedStreams(self._stream(self.model.upper_step, positive), self._stream(self.model.upper_step, negative))
 
     def velocity(self, noisy, timesteps, conditions):
         return self.model.predict_velocity(_t(noisy), _t(timesteps), _t(conditions)).numpy()

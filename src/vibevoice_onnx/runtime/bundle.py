@@ -65,6 +65,9 @@ class Bundle:
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 if self.threads:
                     options.intra_op_num_threads = self.threads
+                # The loop runs seven sessions in turn: threads that spin after one session's call steal the
+                # cores from the next (measured: 35% slower generation on 2 cores with spinning on).
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.path / self.manifest["graphs"][name]["file"]
             self._sessions[name] = ort.InferenceSession(str(path), options, providers=self.providers)
         return self._sessions[name]

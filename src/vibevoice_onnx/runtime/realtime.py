@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..generation import GenerationResult, realtime_frames
+from ..generation import GenerationResult, LmStream, realtime_frames
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from .bundle import Bundle
@@ -39,7 +39,7 @@ class OnnxRealtimeBackend:
         self.max_positions = int(bundle.manifest["config"]["decoder_config"]["max_position_embeddings"])
         self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
         self.kv_inputs = {
-            name: [i["name"] for i in bundle.graph(name)["inputs"][2:]] for name in ("lower_lm", "upper_lm")
+            name: [i["name"] for i in bundle.graph(name)["inputs"][3:]] for name in ("lower_lm", "upper_lm")
         }
         self.states = bundle.graph("acoustic_decoder_stream")["states"]
 
@@ -49,20 +49,31 @@ class OnnxRealtimeBackend:
     def type_embedding(self, index):
         return self.types[index]
 
-    def new_cache(self, layers, which):
+    @staticmethod
+    def flat_cache(layers) -> list[np.ndarray]:
         return [np.ascontiguousarray(t, dtype=F32) for pair in layers for t in pair]
 
-    def _lm(self, name, embeds, positions, cache):
-        feeds = {"inputs_embeds": np.ascontiguousarray(embeds, dtype=F32), "position_ids": positions}
+    def run_lm(self, name, embeds, mask, positions, cache):
+        """One LM graph call: hidden states and the new (longer) cache."""
+        feeds = {"inputs_embeds": np.ascontiguousarray(embeds, dtype=F32), "attention_mask": mask, "position_ids": positions}
         feeds.update(zip(self.kv_inputs[name], cache))
         hidden, *present = self.sessions[name].run(None, feeds)
         return hidden, present
 
-    def lower(self, embeds, positions, cache):
-        return self._lm("lower_lm", embeds, positions, cache)
+    def unbatched(self, name):
+        """`run(embeds, positions, cache)` for a batch-1 stream without padding."""
 
-    def upper(self, embeds, positions, cache):
-        return self._lm("upper_lm", embeds, positions, cache)
+        def run(embeds, positions, cache):
+            mask = np.ones((1, cache[0].shape[2] + embeds.shape[1]), np.int64)
+            return self.run_lm(name, embeds, mask, positions, cache)
+
+        return run
+
+    def text_stream(self, layers):
+        return LmStream(self.unbatched("lower_lm"), self.flat_cache(layers), layers[0][0].shape[2])
+
+    def guided_streams(self, positive, negative):
+        return BatchedGuidedStreams(self, positive, negative)
 
     def velocity(self, noisy, timesteps, conditions):
         feeds = {"noisy_latents": noisy, "timesteps": timesteps, "condition": np.ascontiguousarray(conditions, dtype=F32)}
@@ -85,6 +96,54 @@ class OnnxRealtimeBackend:
 
     def unscale(self, latent):
         return (latent / self.scale - self.bias).astype(F32)
+
+
+class BatchedGuidedStreams:
+    """Both CFG streams of the upper LM in one batch-2 call per speech frame: the weights are read once.
+
+    Row 0 is the positive stream, row 1 the negative; the shorter cache is left-padded and masked out.
+    A text window goes to row 0 only: row 1 gets masked placeholder positions, so both rows keep one cache
+    length and the next speech frame batches again. Same numbers as two separate calls (the gates check).
+    """
+
+    def __init__(self, backend: "OnnxRealtimeBackend", positive, negative):
+        self.run = lambda *args: backend.run_lm("upper_lm", *args)
+        lengths = [positive[0][0].shape[2], negative[0][0].shape[2]]
+        total = max(lengths)
+        flat = [backend.flat_cache(positive), backend.flat_cache(negative)]
+        self.cache = [
+            np.concatenate([_left_pad(p, total - lengths[0]), _left_pad(n, total - lengths[1])], axis=0)
+            for p, n in zip(*flat)
+        ]
+        self.mask = np.array([[0] * (total - n) + [1] * n for n in lengths], np.int64)
+        self.positions = lengths
+
+    @property
+    def position(self) -> int:
+        return self.positions[0]
+
+    def _step(self, embeds: np.ndarray, active: list[int]) -> np.ndarray:
+        count = embeds.shape[1]
+        mask = np.concatenate([self.mask, np.array([[a] * count for a in active], np.int64)], axis=1)
+        positions = np.array([np.arange(p, p + count) for p in self.positions], np.int64)
+        hidden, self.cache = self.run(embeds, mask, positions, self.cache)
+        self.mask = mask
+        self.positions = [p + count * a for p, a in zip(self.positions, active)]
+        return hidden[:, -1]
+
+    def text(self, embeds):
+        return self._step(np.concatenate([embeds, np.zeros_like(embeds)]), [1, 0])[0:1]
+
+    def speech(self, embeds):
+        hidden = self._step(np.concatenate([embeds, embeds]), [1, 1])
+        return hidden[0:1], hidden[1:2]
+
+
+def _left_pad(cache: np.ndarray, count: int) -> np.ndarray:
+    if count == 0:
+        return cache
+    pad = np.zeros(cache.shape[:2] + (count,) + cache.shape[3:], cache.dtype)
+    return np.concatenate([pad, cache], axis=2)
 
 
 @dataclass

@@ -102,17 +102,18 @@ class GraphGates:
         embeds = self._tokens(new)
         positions = np.arange(past, past + new, dtype=np.int64)[None]
         reference = run(_t(embeds), torch.from_numpy(positions), cache).numpy()
-        hidden, present = self.runtime._lm(name, embeds, positions, flat_past)
+        hidden, present = self.runtime.unbatched(name)(embeds, positions, flat_past)
         return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *_flat(cache)])
 
     def incremental_equals_prefill(self, name: str, length: int = 8, prefix: int = 3) -> Gate:
         embeds = self._tokens(length)
-        empty = self.runtime.new_cache(self._empty_layers(name), name)
-        full, full_present = self.runtime._lm(name, embeds, np.arange(length)[None], empty)
-        hidden, cache = self.runtime._lm(name, embeds[:, :prefix], np.arange(prefix)[None], empty)
+        run = self.runtime.unbatched(name)
+        empty = self.runtime.flat_cache(self._empty_layers(name))
+        full, full_present = run(embeds, np.arange(length)[None], empty)
+        hidden, cache = run(embeds[:, :prefix], np.arange(prefix)[None], empty)
         pieces = [hidden]
         for i in range(prefix, length):
-            hidden, cache = self.runtime._lm(name, embeds[:, i : i + 1], np.array([[i]]), cache)
+            hidden, cache = run(embeds[:, i : i + 1], np.array([[i]]), cache)
             pieces.append(hidden)
         return compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
                        [np.concatenate(pieces, axis=1), *cache], [full, *full_present])
@@ -121,6 +122,26 @@ class GraphGates:
         q = self.model.dims.lm if name == "lower_lm" else self.model.dims.tts_lm
         empty = np.zeros((1, q.kv_heads, 0, q.head_dim), F32)
         return [(empty, empty)] * q.layers
+
+    def batched_guidance(self) -> Gate:
+        """The runtime's batch-2 CFG streams (padded, masked) against two separate reference streams."""
+        from ..reference.generate import TorchRealtimeBackend
+
+        positive, negative = self._prefilled(self.model.upper_step, 9), self._prefilled(self.model.upper_step, 2)
+        layers = lambda cache: [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]  # noqa: E731
+        ours = self.runtime.guided_streams(layers(positive), layers(negative))
+        reference = TorchRealtimeBackend(self.model).guided_streams(layers(positive), layers(negative))
+        outputs, references = [], []
+        for step in range(4):  # speech, a 3-token text window (positive only), then speech again
+            if step == 1:
+                embeds = self._tokens(3)
+                outputs.append(ours.text(embeds))
+                references.append(reference.text(embeds))
+            else:
+                embeds = self._tokens(1)
+                outputs += ours.speech(embeds)
+                references += reference.speech(embeds)
+        return compare("upper_lm: batched CFG streams == separate streams", outputs, references)
 
     def conditions(self, count: int) -> np.ndarray:
         cache = DynamicCache()
@@ -250,7 +271,8 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
     gates.append(graphs.language_model("upper_lm", model.upper_step, past=16, new=1))
     gates += [graphs.diffusion_head(), graphs.connector(), graphs.eos(), graphs.decoder_whole(), graphs.decoder_stream()]
     log("  KV cache and streaming gates")
-    gates += [graphs.incremental_equals_prefill("lower_lm"), graphs.incremental_equals_prefill("upper_lm"), graphs.stream_equals_whole()]
+    gates += [graphs.incremental_equals_prefill("lower_lm"), graphs.incremental_equals_prefill("upper_lm"),
+              graphs.batched_guidance(), graphs.stream_equals_whole()]
     log("  closed loop: the whole generation, runtime vs reference")
     prompt, voice = verification_prompt(bundle, model, voice)
     ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
