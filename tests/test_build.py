@@ -84,3 +84,15 @@ def test_unsupported_requests_are_refused(tiny_checkpoints, tmp_path):
         build_bundle(tiny_checkpoints["realtime"], tmp_path, precision="int4")
     with pytest.raises(VibeVoiceError, match="realtime only"):
         build_bundle(tiny_checkpoints["1.5b"], tmp_path)
+
+
+def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, tiny_checkpoints, tmp_path):
+    from conftest import copy_bundle
+
+    out_root = tmp_path / "onnx"
+    copy_bundle(tiny_bundle, out_root / "realtime" / "cpu_fp32")
+    (out_root / "realtime" / "cpu_fp32" / "stale.txt").write_text("from the old bundle")
+    rebuilt = build_bundle(tiny_checkpoints["realtime"], out_root)
+    assert (rebuilt / "voices" / "synthetic.safetensors").read_bytes() == (tiny_bundle / "voices" / "synthetic.safetensors").read_bytes()
+    assert not (rebuilt / "stale.txt").exists()
+    assert sorted(p.name for p in (out_root / "realtime").iterdir()) == ["cpu_fp32"]

@@ -10,6 +10,7 @@ exporters share, so no other module reads raw config fields.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 from ..errors import CheckpointError
@@ -70,10 +71,7 @@ class ConvStackDims:
 
     @property
     def hop(self) -> int:
-        hop = 1
-        for r in self.ratios:
-            hop *= r
-        return hop
+        return math.prod(self.ratios)
 
     def encoder_channels(self) -> list[int]:
         return [self.n_filters * 2**i for i in range(len(self.depths))]

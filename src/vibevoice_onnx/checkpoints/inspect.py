@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,10 +16,7 @@ _LAYER_INDEX = re.compile(r"^model\.(language_model|tts_language_model)\.layers\
 
 
 def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 def actual_layers(names) -> dict[str, int]:

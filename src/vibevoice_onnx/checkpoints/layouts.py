@@ -7,6 +7,7 @@ Shapes come from the checkpoint's own config (see configs.py), never from consta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .configs import ConvStackDims, HeadDims, ModelDims, QwenDims
@@ -28,10 +29,7 @@ class TensorSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,24 @@ def tool_versions() -> dict:
     return versions
 
 
+def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
+    """A rebuild keeps the voices imported into the bundle it replaces, when they still fit the model."""
+    from ..runtime.bundle import Bundle, voice_path
+    from ..voices import check_voice_fits, load_voice
+
+    if not (old_bundle / "voices").is_dir():
+        return
+    expected = Bundle(new_bundle).expected_voice_shapes()
+    for voice in sorted((old_bundle / "voices").glob("*.safetensors")):
+        try:
+            check_voice_fits(load_voice(voice), expected, str(voice))
+        except VibeVoiceError as e:
+            log(f"  not keeping voice {voice.stem}: {e}")
+            continue
+        shutil.copyfile(voice, voice_path(new_bundle, voice.stem))
+        log(f"  kept voice {voice.stem} from the previous bundle")
+
+
 def _replace_directory(tmp: Path, final: Path) -> None:
     if final.exists():
         old = final.with_name(final.name + ".old")
@@ -165,6 +183,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "parity": None,  # filled by `vibevoice-onnx verify`
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        carry_over_voices(final, tmp)
         _replace_directory(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,33 +49,6 @@ class LanguageModelGraph(nn.Module):
         return (out.last_hidden_state, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
 
 
-class DiffusionHeadGraph(nn.Module):
-    def __init__(self, model: RealtimeModel):
-        super().__init__()
-        self.head = model.diffusion_head
-
-    def forward(self, noisy, timesteps, condition):
-        return self.head(noisy, timesteps, condition)
-
-
-class ConnectorGraph(nn.Module):
-    def __init__(self, model: RealtimeModel):
-        super().__init__()
-        self.connector = model.acoustic_connector
-
-    def forward(self, latents):
-        return self.connector(latents)
-
-
-class EosGraph(nn.Module):
-    def __init__(self, model: RealtimeModel):
-        super().__init__()
-        self.classifier = model.eos_classifier
-
-    def forward(self, hidden):
-        return self.classifier(hidden)
-
-
 class DecoderGraph(nn.Module):
     def __init__(self, model: RealtimeModel):
         super().__init__()
@@ -143,7 +116,7 @@ def realtime_graph_specs(model: RealtimeModel) -> list[GraphSpec]:
         lm_spec("upper_lm", model.tts_language_model, dims.tts_lm),
         GraphSpec(
             "diffusion_head",
-            DiffusionHeadGraph(model),
+            model.diffusion_head,
             (torch.randn(2, latent, generator=g), torch.tensor([999.0, 999.0]), torch.randn(2, hidden, generator=g)),
             ["noisy_latents", "timesteps", "condition"],
             ["velocity"],
@@ -151,7 +124,7 @@ def realtime_graph_specs(model: RealtimeModel) -> list[GraphSpec]:
         ),
         GraphSpec(
             "acoustic_connector",
-            ConnectorGraph(model),
+            model.acoustic_connector,
             (torch.randn(1, 2, latent, generator=g),),
             ["latents"],
             ["embeddings"],
@@ -159,7 +132,7 @@ def realtime_graph_specs(model: RealtimeModel) -> list[GraphSpec]:
         ),
         GraphSpec(
             "eos_classifier",
-            EosGraph(model),
+            model.eos_classifier,
             (torch.randn(2, hidden, generator=g),),
             ["hidden_states"],
             ["logits"],

@@ -167,11 +167,11 @@ class RealtimeModel(nn.Module):
 
 
 class ConvState:
-    """Explicit streaming state of a causal conv stack: the last `left_pad` inputs of every conv.
+    """Explicit streaming state of a causal conv stack: the inputs each conv still needs from the past.
 
     transformers' conv modules call `padding_cache.update(x, key, module)` and convolve what it returns; this
-    object answers with `cat([state, x])` and records the new state as its last `left_pad` samples. The
-    states live in a plain dict, so an exporter can pass them in and out of a graph as tensors.
+    object answers with `cat([state, x])` and keeps the tail that the next call needs. The states live in a
+    plain dict, so an exporter can pass them in and out of a graph as tensors.
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
@@ -183,8 +183,18 @@ class ConvState:
 
     def update(self, x: torch.Tensor, key: str, module: nn.Module) -> torch.Tensor:
         full = torch.cat([self.tensors[key], x], dim=-1)
-        self.tensors[key] = full[..., full.shape[-1] - module.left_pad :]
+        self.tensors[key] = full[..., full.shape[-1] - self.tensors[key].shape[-1] :]
         return full
+
+
+def state_length(module: nn.Module) -> int:
+    """Past input samples a causal conv needs: its left padding; for a transposed conv (kernel k, stride s)
+    only the ceil(k/s) - 1 previous frames overlap the new output (1 for VibeVoice's k = 2s), not the k - 1
+    transformers keeps, which would make every streamed frame recompute 15 frames of the first upsampler."""
+    if isinstance(module, VibeVoiceAcousticTokenizerCausalConvTranspose1d):
+        kernel, stride = module.convtr.kernel_size[0], module.stride
+        return -(-kernel // stride) - 1
+    return module.left_pad
 
 
 def conv_state_specs(stack: nn.Module) -> list[tuple[str, int, int]]:
@@ -192,5 +202,5 @@ def conv_state_specs(stack: nn.Module) -> list[tuple[str, int, int]]:
     specs = []
     for module in stack.modules():
         if isinstance(module, (VibeVoiceAcousticTokenizerCausalConv1d, VibeVoiceAcousticTokenizerCausalConvTranspose1d)):
-            specs.append((module.cache_key, module.in_channels, module.left_pad))
+            specs.append((module.cache_key, module.in_channels, state_length(module)))
     return specs
