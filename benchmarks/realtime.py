@@ -68,24 +68,11 @@ print(json.dumps({"frames": result.frames, "audio_seconds": audio, "wall_seconds
 """
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["tiny", "full"], default="full")
-    parser.add_argument("--workdir", default="bench-out/realtime")
-    parser.add_argument("--frames", type=int, default=48, help="speech frames to generate (7.5 per second)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    args = parser.parse_args()
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    checkpoint, bundle = work / "checkpoint", work / "onnx" / "realtime" / "cpu_fp32"
-    results: dict = {"size": args.size, "frames": args.frames, "threads": args.threads, "text": TEXT}
-
+def prepare(args, work: Path, checkpoint: Path, bundle: Path, voices, results: dict) -> None:
+    """Make (once), build, import voices and verify, each phase timed."""
     if not (checkpoint / "config.json").is_file():
         run_phase("make_checkpoint", [*CLI, "make-checkpoint", "realtime", str(checkpoint), "--size", args.size], results, work)
     run_phase("build", [*CLI, "build", str(checkpoint), "-o", str(work / "onnx")], results, work)
-    voices = [("synthetic", checkpoint / "voices" / "synthetic.pt")]
-    if args.size == "full" and VOICES.is_dir():
-        voices += [(p.stem, p) for p in sorted(VOICES.glob("*.pt"))]
     for name, preset in voices:
         proc = run_phase(f"import_{name}", [*CLI, "voices", "import", str(bundle), str(preset), "--name", name, "--force"], results, work)
         results[f"import_{name}"]["message"] = proc.stdout.strip()
@@ -94,6 +81,26 @@ def main() -> int:
         parity = json.loads(proc.stdout)
         results["verify"]["passed"] = parity["passed"]
         results["verify"]["gates"] = {g["name"]: [g["cosine"], g["max_abs"], g["passed"]] for g in parity["gates"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "full"], default="full")
+    parser.add_argument("--workdir", default="bench-out/realtime")
+    parser.add_argument("--frames", type=int, default=48, help="speech frames to generate (7.5 per second)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--speak-only", action="store_true", help="reuse WORKDIR's bundle: time speak phases only")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint, bundle = work / "checkpoint", work / "onnx" / "realtime" / "cpu_fp32"
+    results: dict = {"size": args.size, "frames": args.frames, "threads": args.threads, "text": TEXT}
+
+    voices = [("synthetic", checkpoint / "voices" / "synthetic.pt")]
+    if args.size == "full" and VOICES.is_dir():
+        voices += [(p.stem, p) for p in sorted(VOICES.glob("*.pt"))]
+    if not args.speak_only:
+        prepare(args, work, checkpoint, bundle, voices, results)
 
     voice = voices[-1][0]  # a real preset when there is one
     noise = work / "noise.npy"
@@ -108,7 +115,7 @@ def main() -> int:
     proc = run_phase("speak_pytorch_reference", reference, results, work)
     if proc.returncode == 0:
         results["speak_pytorch_reference"].update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (work / ("speak.json" if args.speak_only else "results.json")).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
 

@@ -34,6 +34,7 @@ class RealtimeBackend(Protocol):
     """What the loop needs from an implementation. Arrays are float32 numpy; caches are opaque."""
 
     max_positions: int  # of the upper LM
+    train_steps: int  # of the diffusion schedule (1000)
 
     def embed_text(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
     def type_embedding(self, index: int) -> np.ndarray: ...  # [H]
@@ -122,10 +123,9 @@ def realtime_frames(
     steps: int,
     max_frames: int | None,
     result: GenerationResult,
-    train_steps: int = 1000,
 ) -> Iterator[np.ndarray]:
     """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
-    schedule = DpmSolverSchedule.create(steps, train_steps)
+    schedule = DpmSolverSchedule.create(steps, backend.train_steps)
     lm = backend.text_stream(prompt.lm)
     tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm)
     h_pos = np.asarray(prompt.tts_condition, np.float32)[None]

@@ -22,6 +22,7 @@ class TorchRealtimeBackend:
     def __init__(self, model: RealtimeModel):
         self.model = model
         self.max_positions = model.dims.tts_lm.max_positions
+        self.train_steps = model.dims.head.train_steps
 
     def embed_text(self, ids):
         return self.model.embed_text(torch.tensor([ids])).numpy()
@@ -71,8 +72,7 @@ def generate(
     max_frames: int | None = None,
 ) -> GenerationResult:
     result = GenerationResult()
-    frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames,
-                             result, model.dims.head.train_steps)
+    frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames, result)
     for _ in frames:
         pass
     return result

@@ -36,7 +36,9 @@ class OnnxRealtimeBackend:
         self.types = host["tts_input_types"].astype(F32)
         self.scale = F32(host["speech_scaling_factor"])
         self.bias = F32(host["speech_bias_factor"])
-        self.max_positions = int(bundle.manifest["config"]["decoder_config"]["max_position_embeddings"])
+        config = bundle.manifest["config"]
+        self.max_positions = int(config["decoder_config"]["max_position_embeddings"])
+        self.train_steps = int(config["diffusion_head_config"].get("ddpm_num_steps", 1000))
         self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
         self.kv_inputs = {
             name: [i["name"] for i in bundle.graph(name)["inputs"][3:]] for name in ("lower_lm", "upper_lm")
