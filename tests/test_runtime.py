@@ -130,6 +130,17 @@ def test_noise_files_of_the_wrong_shape_or_length(tiny_bundle, tmp_path):
     assert code == 2 and "the noise file has 3 rows, but generation reached frame 4" in err and "Traceback" not in err
 
 
+def test_a_failed_run_leaves_the_previous_output_alone(tiny_bundle, tmp_path):
+    out = tmp_path / "speech.wav"
+    out.write_bytes(b"previous take")
+    np.save(tmp_path / "short.npy", np.ones((2, 64), np.float32))
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "--noise", tmp_path / "short.npy", "-o", out)
+    assert code == 2 and "generation reached frame 3" in err
+    assert out.read_bytes() == b"previous take" and sorted(p.name for p in tmp_path.iterdir()) == ["short.npy", "speech.wav"]
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "-o", tmp_path / "missing" / "x.wav")
+    assert code == 2 and "its directory does not exist" in err
+
+
 def test_a_bundle_of_another_kind_is_refused(tiny_bundle, tmp_path):
     other = copy_bundle(tiny_bundle, tmp_path / "other")
     manifest = json.loads((other / "manifest.json").read_text())

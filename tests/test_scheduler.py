@@ -64,15 +64,16 @@ def test_final_step_returns_the_data_prediction():
 
 
 def test_cfg_combines_as_upstream():
-    # With the same velocity for both conditions CFG changes nothing; otherwise v = neg + cfg·(pos − neg).
+    # v = v_neg + cfg·(v_pos − v_neg), applied to the one sample: the same as sampling with that velocity.
     s = DpmSolverSchedule.create(5)
     noise = NoiseSource.from_seed(3)(0)
-    velocity = toy_velocity(0)
-    plain = sample_latent(s, noise, lambda x, t: (velocity(x, t), velocity(x, t)), cfg_scale=3.0)
-    guided = sample_latent(s, noise, lambda x, t: (velocity(x, t), 0.5 * velocity(x, t)), cfg_scale=2.0)
-    unguided = sample_latent(s, noise, lambda x, t: (1.5 * velocity(x, t), 0 * velocity(x, t)), cfg_scale=1.0)
-    np.testing.assert_allclose(guided, unguided, atol=1e-6)  # 0.5v + 2(v − 0.5v) = 1.5v
-    assert not np.allclose(plain, guided)
+    positive, negative = toy_velocity(0), toy_velocity(1)
+    guided = sample_latent(s, noise, lambda x, t: (positive(x, t), negative(x, t)), cfg_scale=1.5)
+    combined = lambda x, t: negative(x, t) + 1.5 * (positive(x, t) - negative(x, t))  # noqa: E731
+    expected = sample_latent(s, noise, lambda x, t: (combined(x, t), combined(x, t)), cfg_scale=1.0)
+    np.testing.assert_allclose(guided, expected, atol=1e-5)
+    swapped = sample_latent(s, noise, lambda x, t: (negative(x, t), positive(x, t)), cfg_scale=1.5)
+    assert not np.allclose(guided, swapped, atol=1e-3)
 
 
 def test_noise_sources(tmp_path):
@@ -90,3 +91,9 @@ def test_noise_sources(tmp_path):
     np.save(tmp_path / "bad.npy", rows[:, :10])
     with pytest.raises(VibeVoiceError, match=r"shape \[frames, 64\]"):
         NoiseSource.from_file(tmp_path / "bad.npy")
+    np.savez(tmp_path / "several.npz", a=rows)
+    with pytest.raises(VibeVoiceError, match="several arrays"):
+        NoiseSource.from_file(tmp_path / "several.npz")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    with pytest.raises(VibeVoiceError, match="not a readable .npy noise file"):
+        NoiseSource.from_file(tmp_path / "empty.npy")

@@ -65,6 +65,34 @@ def test_pickle_with_a_foreign_global_is_refused(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_tensor_reaching_outside_its_storage_is_refused(tmp_path):
+    """A crafted pickle whose tensor geometry addresses memory beyond its 4-element storage."""
+    from collections import OrderedDict
+
+    import torch._utils
+
+    class Storage:
+        pass
+
+    marker = Storage()
+
+    class Crafted:
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (marker, 0, (4096,), (1,), False, OrderedDict())
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", 4) if obj is marker else None
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump({"lm": Crafted()})
+    with zipfile.ZipFile(tmp_path / "crafted.pt", "w") as z:
+        z.writestr("crafted/data.pkl", buffer.getvalue())
+        z.writestr("crafted/data/0", np.zeros(4, np.float32).tobytes())
+    with pytest.raises(VibeVoiceError, match=r"refused to load: tensor of size \(4096,\) reaches element 4095 of a storage of 4"):
+        read_upstream_preset(tmp_path / "crafted.pt")
+
+
 def test_files_that_are_not_presets(tmp_path):
     (tmp_path / "plain.pt").write_bytes(b"not a zip at all")
     with pytest.raises(VibeVoiceError, match="not a torch zip archive"):

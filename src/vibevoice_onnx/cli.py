@@ -59,7 +59,9 @@ def cmd_verify(args) -> int:
 
     record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None, args.voice)
     print(json.dumps(record, indent=2) if args.json else format_table(record))
-    return 0 if record["passed"] else EXIT_MISMATCH
+    if not record["passed"]:
+        return EXIT_MISMATCH
+    return EXIT_ERROR if "not_recorded" in record else 0
 
 
 def cmd_voices_import(args) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
+from .errors import VibeVoiceError
 from .sampling import DpmSolverSchedule, NoiseSource, sample_latent
 from .text import SPEECH_WINDOW, text_windows
 from .voices import VoicePrompt
@@ -125,6 +126,8 @@ def realtime_frames(
     result: GenerationResult,
 ) -> Iterator[np.ndarray]:
     """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
+    if max_frames is not None and max_frames < 1:
+        raise VibeVoiceError(f"max_frames must be at least 1, got {max_frames}")
     schedule = DpmSolverSchedule.create(steps, backend.train_steps)
     lm = backend.text_stream(prompt.lm)
     tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm)

@@ -122,8 +122,10 @@ class NoiseSource:
     def from_file(cls, path: Path, latent_size: int = 64) -> "NoiseSource":
         try:
             rows = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise VibeVoiceError(f"{path}: not a readable .npy noise file ({e})") from None
+        except Exception as e:  # OSError, ValueError, EOFError (empty file), ...: all mean "not a .npy we can use"
+            raise VibeVoiceError(f"{path}: not a readable .npy noise file ({type(e).__name__}: {e})") from None
+        if not isinstance(rows, np.ndarray):
+            raise VibeVoiceError(f"{path}: holds several arrays (.npz); the noise file must be one .npy array")
         if rows.ndim != 2 or rows.shape[1] != latent_size or rows.shape[0] == 0:
             raise VibeVoiceError(
                 f"{path}: noise must have shape [frames, {latent_size}] with at least one frame, got {list(rows.shape)}"

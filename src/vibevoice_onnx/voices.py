@@ -11,6 +11,7 @@ types, OrderedDict) and anything else is refused.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import zipfile
 from dataclasses import dataclass
@@ -60,7 +61,23 @@ class _StorageType:
         self.name = name
 
 
+MAX_ELEMENTS = 2**28  # far above any preset tensor; refuses absurd sizes before allocating
+
+
+class _BadTensor(ValueError):
+    pass
+
+
 def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+    """numpy view of a torch tensor, after checking that every element it addresses lies in its storage."""
+    size, stride = tuple(size), tuple(stride)
+    if not (isinstance(offset, int) and len(size) == len(stride) and all(isinstance(n, int) for n in size + stride)):
+        raise _BadTensor("tensor geometry is not integral")
+    if offset < 0 or any(n < 0 for n in size) or any(s < 0 for s in stride) or math.prod(size) > MAX_ELEMENTS:
+        raise _BadTensor(f"tensor geometry offset={offset} size={size} stride={stride} is not allowed")
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset - 1
+    if last >= len(storage):
+        raise _BadTensor(f"tensor of size {size} reaches element {last} of a storage of {len(storage)}")
     itemsize = storage.dtype.itemsize
     view = np.lib.stride_tricks.as_strided(
         storage[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride), writeable=False
@@ -94,6 +111,8 @@ class _PresetUnpickler(pickle.Unpickler):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
             raise VibeVoiceError(f"{self.source}: refused to load: unknown persistent object {pid!r:.80}")
         _, storage_type, key, _location, numel = pid  # location (e.g. cuda:0) is irrelevant: we read bytes
+        if not isinstance(numel, int) or numel < 0:
+            raise VibeVoiceError(f"{self.source}: refused to load: storage {key} has an invalid size")
         try:
             raw = self.archive.read(f"{self.prefix}data/{key}")
         except KeyError:
@@ -118,6 +137,8 @@ def _read_pickle(path: Path) -> dict:
             return _PresetUnpickler(archive.read(pickles[0]), archive, prefix, path).load()
         except VibeVoiceError:
             raise
+        except _BadTensor as e:
+            raise VibeVoiceError(f"{path}: refused to load: {e}") from None
         except Exception as e:
             raise VibeVoiceError(f"{path}: the preset pickle is malformed ({type(e).__name__}: {e})") from None
 
@@ -198,8 +219,17 @@ def check_voice_fits(prompt: VoicePrompt, expected: dict, source: str) -> None:
                 f"{source}: does not fit this model: {key.replace('_', ' ')} is {actual[key]} in the preset "
                 f"but {expected[key]} in the model"
             )
-    if len(prompt.neg_tts_lm) != expected["tts_lm_layers"]:
-        raise VibeVoiceError(f"{source}: neg_tts_lm has {len(prompt.neg_tts_lm)} layers, the model {expected['tts_lm_layers']}")
+    layers = {"lm": expected["lm_layers"], "tts_lm": expected["tts_lm_layers"], "neg_tts_lm": expected["tts_lm_layers"]}
+    for name, count in layers.items():
+        caches = getattr(prompt, name)
+        if len(caches) != count:
+            raise VibeVoiceError(f"{source}: does not fit this model: {name} has {len(caches)} layers, the model {count}")
+        for i, (k, v) in enumerate(caches):
+            if k.shape[1] != expected["kv_heads"] or k.shape[3] != expected["head_dim"] or k.shape != v.shape:
+                raise VibeVoiceError(f"{source}: does not fit this model: {name} layer {i} caches have shape {list(k.shape)}")
+    for name in ("neg_condition", "tts_condition"):
+        if getattr(prompt, name).shape != (expected["hidden"],):
+            raise VibeVoiceError(f"{source}: does not fit this model: {name} is not a [{expected['hidden']}] vector")
 
 
 def save_voice(prompt: VoicePrompt, path: Path, metadata: dict[str, str]) -> None:
@@ -226,8 +256,13 @@ def load_voice(path: Path, dtype=np.float32) -> VoicePrompt:
         while f"{name}.{i}.key" in tensors:
             out.append((tensors[f"{name}.{i}.key"].astype(dtype), tensors[f"{name}.{i}.value"].astype(dtype)))
             i += 1
+        if not out or any(k.ndim != 4 or k.shape != v.shape for k, v in out):
+            raise VibeVoiceError(f"{path}: not a vibevoice-onnx voice file (no valid '{name}' cache)")
         return out
 
+    missing = [name for name in ("neg_condition", "tts_condition") if name not in tensors]
+    if missing:
+        raise VibeVoiceError(f"{path}: not a vibevoice-onnx voice file (no {', '.join(missing)})")
     return VoicePrompt(
         lm=layers("lm"),
         tts_lm=layers("tts_lm"),

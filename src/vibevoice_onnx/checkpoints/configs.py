@@ -3,8 +3,8 @@
 Upstream ("codes") configs nest a Qwen2 `decoder_config`, `acoustic_tokenizer_config`,
 `semantic_tokenizer_config` and `diffusion_head_config`; the transformers-native ASR-HF config nests
 `text_config`, `acoustic_tokenizer_encoder_config` and `semantic_tokenizer_encoder_config` with other
-field names. Both are normalised here into small frozen dataclasses that the layouts, the loaders and the
-exporters share, so no other module reads raw config fields.
+field names. Both are normalised here (without torch) into small frozen dataclasses that the layouts, the loaders, the
+exporters and the runtime share.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _upstream_decoder(section: dict, where: str) -> ConvStackDims:
     return ConvStackDims(
         vae_dim=int(_need(section, "vae_dim", where)),
         n_filters=int(section.get("decoder_n_filters", 32)),
-        ratios=tuple(section.get("decoder_ratios") or section["encoder_ratios"]),
+        ratios=tuple(section.get("decoder_ratios") or _need(section, "encoder_ratios", where)),
         depths=_depths(decoder_depths) if decoder_depths else tuple(reversed(encoder_depths)),
         eps=float(section.get("layernorm_eps", 1e-5)),
     )
@@ -182,6 +182,10 @@ def _hf_encoder(section: dict, where: str) -> ConvStackDims:
 
 def _head(section: dict, where: str) -> HeadDims:
     hidden = int(_need(section, "hidden_size", where))
+    # The sampler implements what every VibeVoice checkpoint uses; anything else would sample wrongly.
+    for key, supported in (("ddpm_beta_schedule", "cosine"), ("prediction_type", "v_prediction")):
+        if section.get(key, supported) != supported:
+            raise CheckpointError(f"config.json: {where}.{key} is '{section[key]}'; only '{supported}' is supported")
     return HeadDims(
         hidden=hidden,
         layers=int(section.get("head_layers", 4)),

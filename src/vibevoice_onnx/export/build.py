@@ -126,14 +126,20 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
 
 def _replace_directory(tmp: Path, final: Path) -> None:
-    if final.exists():
-        old = final.with_name(final.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
+    """Swap the finished build in; if the second rename fails, put the previous bundle back."""
+    os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a bundle is meant to be shared
+    if not final.exists():
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
+        return
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(final, old)
+    try:
         os.replace(tmp, final)
+    except BaseException:
+        os.replace(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.configs import model_dims
 from ..checkpoints.files import CheckpointFiles, open_checkpoint
 from ..checkpoints.inspect import inspect_checkpoint
 from ..checkpoints.names import (
@@ -80,11 +80,6 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
         if unexpected:
             parts.append(f"{len(unexpected)} stored tensors with no place ({_listing(unexpected)})")
         raise CheckpointError(f"{files.root}: strict load failed: " + "; ".join(parts))
-
-
-def load_dims(root: Path) -> ModelDims:
-    files = open_checkpoint(Path(root))
-    return model_dims(files.config, str(Path(root) / "config.json"))
 
 
 def load_realtime(root: Path):

@@ -16,7 +16,6 @@ from transformers.models.vibevoice.configuration_vibevoice import VibeVoiceDiffu
 from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceDiffusionHead, VibeVoiceMultiModalProjector
 from transformers.models.vibevoice_acoustic_tokenizer.configuration_vibevoice_acoustic_tokenizer import (
     VibeVoiceAcousticTokenizerDecoderConfig,
-    VibeVoiceAcousticTokenizerEncoderConfig,
 )
 from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acoustic_tokenizer import (
     VibeVoiceAcousticTokenizerCausalConv1d,
@@ -85,10 +84,6 @@ def acoustic_decoder(d: ConvStackDims) -> VibeVoiceAcousticTokenizerDecoderModel
         downsampling_ratios=list(reversed(d.ratios)), **_conv_stack_kwargs(d)
     )
     return VibeVoiceAcousticTokenizerDecoderModel(config)
-
-
-def encoder_config(d: ConvStackDims) -> VibeVoiceAcousticTokenizerEncoderConfig:
-    return VibeVoiceAcousticTokenizerEncoderConfig(downsampling_ratios=list(d.ratios), **_conv_stack_kwargs(d))
 
 
 class EosClassifier(nn.Module):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.configs import ModelDims, model_dims
 from ..errors import BundleError, VibeVoiceError
 from ..voices import VoicePrompt, load_voice
 
@@ -16,9 +17,13 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
 VOICES = "voices"
+_VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def voice_path(bundle_dir: Path, name: str) -> Path:
+    """Where voice NAME lives; names are plain (no separators), so a path never leaves voices/."""
+    if not _VOICE_NAME.fullmatch(name):
+        raise VibeVoiceError(f"'{name}' is not a usable voice name (letters, digits, '.', '_', '-'; at most 64)")
     return Path(bundle_dir) / VOICES / f"{name}.safetensors"
 
 
@@ -49,6 +54,10 @@ class Bundle:
     @property
     def kind(self) -> str:
         return self.manifest["model_kind"]
+
+    @cached_property
+    def dims(self) -> ModelDims:
+        return model_dims(self.manifest["config"], str(self.path / MANIFEST))
 
     def require_kind(self, kind: str) -> None:
         if self.kind != kind:
@@ -100,17 +109,6 @@ class Bundle:
         return load_voice(path)
 
     def expected_voice_shapes(self) -> dict:
-        decoder = self.manifest["config"]["decoder_config"]
-        upper = int(self.manifest["config"]["tts_backbone_num_hidden_layers"])
-        heads = int(decoder["num_attention_heads"])
-        return {
-            "hidden": int(decoder["hidden_size"]),
-            "kv_heads": int(decoder.get("num_key_value_heads", heads)),
-            "head_dim": int(decoder.get("head_dim") or decoder["hidden_size"] // heads),
-            "lm_layers": int(decoder["num_hidden_layers"]) - upper,
-            "tts_lm_layers": upper,
-        }
-
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        lm, tts = self.dims.lm, self.dims.tts_lm
+        return {"hidden": lm.hidden, "kv_heads": lm.kv_heads, "head_dim": lm.head_dim,
+                "lm_layers": lm.layers, "tts_lm_layers": tts.layers}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -47,17 +48,21 @@ def read_text(text: str | None, text_file: Path | None) -> str:
 
 
 class _AudioSink:
-    """Writes chunks as they come: a WAV file (header finalised on close) or raw PCM on stdout."""
+    """Writes chunks as they come: raw PCM on stdout, or a WAV file beside the target that replaces it only
+    when generation completes, so a failed or interrupted run never leaves a truncated file in its place."""
 
     def __init__(self, options: SpeakOptions, sample_rate: int):
-        self.options, self.clipped = options, 0
-        if options.raw:
-            self.file = None
-        else:
+        self.options, self.clipped, self.file = options, 0, None
+        if not options.raw:
             import soundfile as sf
 
-            self.file = sf.SoundFile(str(options.output), "w", samplerate=sample_rate, channels=1,
-                                     subtype=WAV_SUBTYPES[options.wav_format], format="WAV")
+            target = Path(options.output)
+            self.partial = target.with_name(f".{target.name}.partial")
+            try:
+                self.file = sf.SoundFile(str(self.partial), "w", samplerate=sample_rate, channels=1,
+                                         subtype=WAV_SUBTYPES[options.wav_format], format="WAV")
+            except (sf.LibsndfileError, OSError) as e:
+                raise VibeVoiceError(f"{target}: cannot write the WAV file ({e})") from None
 
     def write(self, samples: np.ndarray) -> None:
         if self.options.wav_format == "pcm16":
@@ -70,9 +75,14 @@ class _AudioSink:
         sys.stdout.buffer.write(data.tobytes())
         sys.stdout.buffer.flush()
 
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+    def close(self, complete: bool) -> None:
+        if self.file is None:
+            return
+        self.file.close()
+        if complete:
+            os.replace(self.partial, self.options.output)
+        else:
+            self.partial.unlink(missing_ok=True)
 
 
 def _progress(speech: Speech, sample_rate: int, final: bool = False) -> None:
@@ -92,6 +102,9 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
         raise VibeVoiceError("--max-frames must be at least 1")
     if options.steps < 1:
         raise VibeVoiceError("--steps must be at least 1")
+    for path in (None if options.raw else options.output, options.save_latents):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise VibeVoiceError(f"{path}: its directory does not exist")
     load_start = time.perf_counter()
     tts = RealtimeTTS(bundle_dir, threads=options.threads)
     voices = tts.voices
@@ -109,12 +122,14 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
     print(f"voice {voice}, " + (f"seed {speech.seed}" if speech.seed is not None else f"noise {options.noise}"),
           file=sys.stderr, flush=True)
     sink = _AudioSink(options, tts.sample_rate)
+    complete = False
     try:
         for chunk in speech:
             sink.write(chunk.samples)
             _progress(speech, tts.sample_rate)
+        complete = True
     finally:
-        sink.close()
+        sink.close(complete)
     _progress(speech, tts.sample_rate, final=True)
     if options.save_latents is not None:
         np.save(options.save_latents, np.stack(speech.result.latents).astype(np.float32))

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from ..errors import VibeVoiceError
 from ..voices import check_voice_fits, load_voice, read_upstream_preset, save_voice
-from .bundle import VOICES, Bundle, voice_path
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
+from .bundle import Bundle, voice_path
 
 def import_voice(bundle_dir: Path, preset: Path, name: str | None = None, force: bool = False) -> tuple[str, dict]:
     bundle = Bundle(bundle_dir)
@@ -22,8 +18,6 @@ def import_voice(bundle_dir: Path, preset: Path, name: str | None = None, force:
     if not preset.is_file():
         raise VibeVoiceError(f"{preset}: no such preset file")
     name = name or preset.stem
-    if not _NAME.match(name):
-        raise VibeVoiceError(f"'{name}' is not a usable voice name (letters, digits, '.', '_', '-'; at most 64)")
     target = voice_path(bundle.path, name)
     if target.exists() and not force:
         raise VibeVoiceError(f"{bundle.path}: already has a voice '{name}' (choose another --name, or --force)")
@@ -35,6 +29,7 @@ def import_voice(bundle_dir: Path, preset: Path, name: str | None = None, force:
     os.close(fd)
     try:
         save_voice(prompt, Path(tmp), {"source": preset.name, "sha256": hashlib.sha256(preset.read_bytes()).hexdigest()})
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a bundle is meant to be shared
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -50,5 +45,3 @@ def list_voices(bundle_dir: Path) -> list[dict]:
         out.append({"name": name, **{k: v for k, v in summary.items() if k.endswith("_length")}})
     return out
 
-
-__all__ = ["import_voice", "list_voices", "VOICES"]

@@ -289,8 +289,12 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
     }
     manifest = dict(bundle.manifest, parity=record)
     tmp = bundle.path / (MANIFEST + ".partial")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, bundle.path / MANIFEST)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, bundle.path / MANIFEST)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        record["not_recorded"] = f"{bundle.path / MANIFEST}: could not record the results ({e.strerror or e})"
     return record
 
 
@@ -305,6 +309,8 @@ def format_table(record: dict) -> str:
         if g["detail"] and (not g["passed"] or g["name"].startswith("closed loop: same")):
             lines.append(f"  {g['name']}: {g['detail']}")
     lines.append("all gates passed" if record["passed"] else "SOME GATES FAILED")
+    if "not_recorded" in record:
+        lines.append("warning: " + record["not_recorded"])
     return "\n".join(lines)
 
 
