@@ -87,6 +87,14 @@ def test_noise_file_reproduces_a_seeded_run_and_latents_are_saved(tiny_bundle, t
     assert np.array_equal(sf.read(str(tmp_path / "a.wav"))[0], sf.read(str(tmp_path / "b.wav"))[0])
 
 
+def test_decode_of_saved_latents_equals_the_streamed_audio(tiny_bundle, tmp_path):
+    args = [str(tiny_bundle), TEXT, "--seed", "4", "--max-frames", "5", "--wav-format", "float32"]
+    assert main(["speak", *args, "-o", str(tmp_path / "s.wav"), "--save-latents", str(tmp_path / "z.npy")]) == 0
+    assert main(["decode", str(tiny_bundle), str(tmp_path / "z.npy"), "-o", str(tmp_path / "d.wav")]) == 0
+    streamed, decoded = sf.read(str(tmp_path / "s.wav"))[0], sf.read(str(tmp_path / "d.wav"))[0]
+    np.testing.assert_allclose(decoded, streamed, atol=1e-5)
+
+
 def run_cli(*args, stdin=None):
     proc = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *map(str, args)], input=stdin, capture_output=True)
     return proc.returncode, proc.stdout, proc.stderr.decode()

@@ -110,6 +110,25 @@ def cmd_speak(args) -> int:
     return 0
 
 
+def cmd_decode(args) -> int:
+    import numpy as np
+    import soundfile as sf
+
+    from .runtime.realtime import RealtimeTTS
+
+    try:
+        latents = np.load(args.latents, allow_pickle=False)
+    except Exception as e:
+        raise VibeVoiceError(f"{args.latents}: not a readable .npy file ({type(e).__name__}: {e})") from None
+    audio, rate = RealtimeTTS(Path(args.bundle), threads=args.threads).decode(latents)
+    try:
+        sf.write(args.output, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT")
+    except (sf.LibsndfileError, OSError) as e:
+        raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
+    print(f"decoded {len(latents)} frames ({len(audio) / rate:.2f} s) into {args.output}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args) -> int:
     """The main job on an embedded default: a tiny synthetic realtime checkpoint, end to end."""
     work = Path(args.workdir)
@@ -199,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
     p.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_speak)
+
+    p = sub.add_parser("decode", help="decode saved latents ([frames, 64] .npy) to a WAV in one pass")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("latents", metavar="LATENTS.npy")
+    p.add_argument("-o", "--output", default="decoded.wav", metavar="OUT.wav")
+    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import VibeVoiceError
 from ..generation import GenerationResult, LmStream, realtime_frames
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
@@ -210,3 +211,12 @@ class RealtimeTTS:
         for _ in speech:
             pass
         return speech.result.audio, self.sample_rate
+
+    def decode(self, latents: np.ndarray) -> tuple[np.ndarray, int]:
+        """Whole-sequence decode of saved latents z [frames, 64] (as `speak --save-latents` writes them)."""
+        latents = np.asarray(latents, dtype=F32)
+        if latents.ndim != 2 or latents.shape[1] != self.latent_size or not len(latents):
+            raise VibeVoiceError(f"latents must have shape [frames, {self.latent_size}], got {list(latents.shape)}")
+        decoder_input = self.backend.unscale(latents[None])
+        audio = self.bundle.session("acoustic_decoder").run(None, {"latents": decoder_input})[0]
+        return audio[0, 0], self.sample_rate
