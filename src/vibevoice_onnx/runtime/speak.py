@@ -132,7 +132,7 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
         sink.close(complete)
     _progress(speech, tts.sample_rate, final=True)
     if options.save_latents is not None:
-        np.save(options.save_latents, np.stack(speech.result.latents).astype(np.float32))
+        np.save(options.save_latents, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
     audio = speech.audio_seconds
     summary = {
         "voice": voice,
