@@ -5,7 +5,7 @@ import pytest
 
 from vibevoice_onnx.reference.generate import generate
 from vibevoice_onnx.reference.loading import load_realtime
-from vibevoice_onnx.reference.presets import compute_prompt, save_upstream_preset
+from vibevoice_onnx.reference.presets import prompt_from_text, save_upstream_preset
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text, load_tokenizer
 from vibevoice_onnx.voices import read_upstream_preset
@@ -19,8 +19,7 @@ TEXT = "Hello world, this is a test of the streaming voice."
 def setup(tiny_checkpoints, realtime_reference, tmp_path_factory):
     tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
     path = tmp_path_factory.mktemp("voice") / "voice.pt"
-    pad = tokenizer.token_to_id("<|image_pad|>")
-    save_upstream_preset(compute_prompt(realtime_reference, tokenizer.encode("A voice.\n").ids, pad), path)
+    save_upstream_preset(prompt_from_text(realtime_reference, tokenizer, "A voice.\n"), path)
     return tokenizer, read_upstream_preset(path)
 
 

@@ -15,7 +15,7 @@ from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acousti
 )
 
 from vibevoice_onnx.reference.generate import generate
-from vibevoice_onnx.reference.presets import as_voice_prompt, compute_prompt
+from vibevoice_onnx.reference.presets import as_voice_prompt, prompt_from_text
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import load_tokenizer
 
@@ -80,7 +80,7 @@ def upstream_transcription(model, prompt, text, tokenizer, noise, cfg, steps, fr
 def test_shared_loop_matches_an_independent_transcription_of_upstream(realtime_reference, tiny_checkpoints):
     model = realtime_reference
     tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
-    prompt = as_voice_prompt(compute_prompt(model, tokenizer.encode("A voice.\n").ids, tokenizer.token_to_id("<|image_pad|>")))
+    prompt = as_voice_prompt(prompt_from_text(model, tokenizer, "A voice.\n"))
     noise = NoiseSource.from_seed(21)
     frames = 15  # three text windows interleaved with speech, then speech only
     expected_latents, expected_audio = upstream_transcription(model, prompt, TEXT, tokenizer, noise, 1.7, 5, frames)

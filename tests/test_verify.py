@@ -11,7 +11,7 @@ from onnx import numpy_helper
 from vibevoice_onnx.cli import main
 from vibevoice_onnx.export.graphs import export_graph, realtime_graph_specs
 from vibevoice_onnx.reference.generate import generate
-from vibevoice_onnx.reference.presets import as_voice_prompt, compute_prompt
+from vibevoice_onnx.reference.presets import as_voice_prompt, prompt_from_text
 from vibevoice_onnx.runtime.bundle import Bundle
 from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
 from vibevoice_onnx.sampling import NoiseSource
@@ -67,7 +67,7 @@ def test_closed_loop_agrees_on_an_eos_that_fires_mid_run(tiny_bundle, realtime_r
     model = realtime_reference
     bundle = Bundle(tiny_bundle)
     tokenizer = bundle.tokenizer
-    prompt = as_voice_prompt(compute_prompt(model, tokenizer.encode("A voice.\n").ids, tokenizer.token_to_id("<|image_pad|>")))
+    prompt = as_voice_prompt(prompt_from_text(model, tokenizer, "A voice.\n"))
     ids = encode_tts_text(tokenizer, CLOSED_LOOP_TEXT)
     probe = generate(model, prompt, ids, NoiseSource.from_seed(1234), max_frames=25)
     logits = np.array(probe.eos_logits)

@@ -111,15 +111,12 @@ def cmd_speak(args) -> int:
 
 
 def cmd_decode(args) -> int:
-    import numpy as np
     import soundfile as sf
 
     from .runtime.realtime import RealtimeTTS
+    from .sampling import read_npy
 
-    try:
-        latents = np.load(args.latents, allow_pickle=False)
-    except Exception as e:
-        raise VibeVoiceError(f"{args.latents}: not a readable .npy file ({type(e).__name__}: {e})") from None
+    latents = read_npy(Path(args.latents), "latents")
     audio, rate = RealtimeTTS(Path(args.bundle), threads=args.threads).decode(latents)
     try:
         sf.write(args.output, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT")

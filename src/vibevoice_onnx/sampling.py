@@ -108,6 +108,17 @@ def sample_latent(
     return x
 
 
+def read_npy(path: Path, what: str) -> np.ndarray:
+    """One array from a .npy file, or a one-sentence error (never a pickle: allow_pickle stays off)."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except Exception as e:  # OSError, ValueError, EOFError (empty file), ...: all mean "not a .npy we can use"
+        raise VibeVoiceError(f"{path}: not a readable .npy {what} file ({type(e).__name__}: {e})") from None
+    if not isinstance(array, np.ndarray):
+        raise VibeVoiceError(f"{path}: holds several arrays (.npz); the {what} file must be one .npy array")
+    return array
+
+
 class NoiseSource:
     """The initial noise of each speech frame: from a seed (random access) or from rows of an array."""
 
@@ -120,12 +131,7 @@ class NoiseSource:
 
     @classmethod
     def from_file(cls, path: Path, latent_size: int = 64) -> "NoiseSource":
-        try:
-            rows = np.load(path, allow_pickle=False)
-        except Exception as e:  # OSError, ValueError, EOFError (empty file), ...: all mean "not a .npy we can use"
-            raise VibeVoiceError(f"{path}: not a readable .npy noise file ({type(e).__name__}: {e})") from None
-        if not isinstance(rows, np.ndarray):
-            raise VibeVoiceError(f"{path}: holds several arrays (.npz); the noise file must be one .npy array")
+        rows = read_npy(path, "noise")
         if rows.ndim != 2 or rows.shape[1] != latent_size or rows.shape[0] == 0:
             raise VibeVoiceError(
                 f"{path}: noise must have shape [frames, {latent_size}] with at least one frame, got {list(rows.shape)}"

@@ -21,6 +21,7 @@ import onnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ..checkpoints.configs import model_dims
 from ..checkpoints.files import open_checkpoint
 from ..errors import VibeVoiceError
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
@@ -150,8 +151,6 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
         raise VibeVoiceError(f"device '{device}' is not supported yet (available: {', '.join(DEVICES)})")
     checkpoint = Path(checkpoint)
     files = open_checkpoint(checkpoint)
-    from ..checkpoints.configs import model_dims
-
     dims = model_dims(files.config, str(checkpoint / "config.json"))
     if dims.kind != "realtime":
         raise VibeVoiceError(f"{checkpoint}: building {dims.kind} checkpoints is not supported yet (realtime only)")

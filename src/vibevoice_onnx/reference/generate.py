@@ -12,7 +12,7 @@ from ..voices import VoicePrompt
 from .modules import ConvState, RealtimeModel, conv_state_specs
 
 
-def _t(array: np.ndarray) -> torch.Tensor:
+def as_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
@@ -31,8 +31,8 @@ class TorchRealtimeBackend:
         return self.model.type_embedding(index).numpy()
 
     def _stream(self, step, layers) -> LmStream:
-        cache = DynamicCache(ddp_cache_data=[(_t(k), _t(v)) for k, v in layers])
-        run = lambda embeds, positions, cache: (step(_t(embeds), torch.from_numpy(positions), cache).numpy(), cache)  # noqa: E731
+        cache = DynamicCache(ddp_cache_data=[(as_tensor(k), as_tensor(v)) for k, v in layers])
+        run = lambda embeds, positions, cache: (step(as_tensor(embeds), torch.from_numpy(positions), cache).numpy(), cache)  # noqa: E731
         return LmStream(run, cache, layers[0][0].shape[2])
 
     def text_stream(self, layers):
@@ -43,22 +43,22 @@ class TorchRealtimeBackend:
         return GuidedStreams(self._stream(self.model.upper_step, positive), self._stream(self.model.upper_step, negative))
 
     def velocity(self, noisy, timesteps, conditions):
-        return self.model.predict_velocity(_t(noisy), _t(timesteps), _t(conditions)).numpy()
+        return self.model.predict_velocity(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
 
     def connect(self, latent):
-        return self.model.connect(_t(latent)).numpy()
+        return self.model.connect(as_tensor(latent)).numpy()
 
     def eos_logit(self, hidden):
-        return float(self.model.eos_logit(_t(hidden))[0, 0])
+        return float(self.model.eos_logit(as_tensor(hidden))[0, 0])
 
     def new_decoder_state(self):
         return ConvState.zeros(conv_state_specs(self.model.acoustic_decoder))
 
     def decode_frame(self, latent, state):
-        return self.model.decode_stream(_t(latent), state)[0, 0].numpy(), state
+        return self.model.decode_stream(as_tensor(latent), state)[0, 0].numpy(), state
 
     def unscale(self, latent):
-        return self.model.unscale(_t(latent)).numpy()
+        return self.model.unscale(as_tensor(latent)).numpy()
 
 
 @torch.no_grad()

@@ -107,10 +107,14 @@ def save_upstream_preset(prompt: dict, path: Path) -> None:
             out.writestr(archive_root + "/" + info.filename.split("/", 1)[1], data)
 
 
+def prompt_from_text(model: RealtimeModel, tokenizer, text: str = PROMPT_TEXT, seed: int = 0) -> dict:
+    """compute_prompt on a text prompt, negative streams seeded with `<|image_pad|>` as upstream's are."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return compute_prompt(model, ids, tokenizer.token_to_id("<|image_pad|>"), seed)
+
+
 def write_synthetic_preset(model: RealtimeModel, tokenizer, path: Path, seed: int = 0) -> Path:
-    prompt_ids = tokenizer.encode(PROMPT_TEXT, add_special_tokens=False).ids
-    pad_id = tokenizer.token_to_id("<|image_pad|>")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_upstream_preset(compute_prompt(model, prompt_ids, pad_id, seed), path)
+    save_upstream_preset(prompt_from_text(model, tokenizer, seed=seed), path)
     return path

@@ -85,7 +85,7 @@ class _AudioSink:
             self.partial.unlink(missing_ok=True)
 
 
-def _progress(speech: Speech, sample_rate: int, final: bool = False) -> None:
+def _progress(speech: Speech, final: bool = False) -> None:
     audio = speech.audio_seconds
     rtf = speech.seconds / audio if audio else float("nan")
     line = f"frame {speech.result.frames:5d}  audio {audio:7.2f} s  wall {speech.seconds:7.2f} s  RTF {rtf:.3f}"
@@ -126,11 +126,11 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
     try:
         for chunk in speech:
             sink.write(chunk.samples)
-            _progress(speech, tts.sample_rate)
+            _progress(speech)
         complete = True
     finally:
         sink.close(complete)
-    _progress(speech, tts.sample_rate, final=True)
+    _progress(speech, final=True)
     if options.save_latents is not None:
         np.save(options.save_latents, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
     audio = speech.audio_seconds

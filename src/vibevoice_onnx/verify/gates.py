@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
 from ..generation import GenerationResult, realtime_frames
-from ..reference.generate import generate
+from ..reference.generate import TorchRealtimeBackend, as_tensor, generate
 from ..reference.modules import ConvState, RealtimeModel, conv_state_specs
 from ..runtime.bundle import MANIFEST, Bundle
 from ..runtime.realtime import OnnxRealtimeBackend
@@ -72,12 +72,9 @@ def compare(name: str, outputs: list, references: list, detail: str = "") -> Gat
     return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""))
 
 
-def _t(a) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=F32))
-
-
-def _flat(cache: DynamicCache) -> list[np.ndarray]:
-    return [t.numpy().copy() for layer in cache.layers for t in (layer.keys, layer.values)]
+def _layers(cache: DynamicCache) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A transformers cache as (K, V) arrays per layer, copied (the cache keeps growing in place)."""
+    return [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]
 
 
 class GraphGates:
@@ -93,17 +90,17 @@ class GraphGates:
 
     def _prefilled(self, run, count: int) -> DynamicCache:
         cache = DynamicCache()
-        run(_t(self._tokens(count)), torch.arange(count)[None], cache)
+        run(as_tensor(self._tokens(count)), torch.arange(count)[None], cache)
         return cache
 
     def language_model(self, name: str, run, past: int, new: int) -> Gate:
         cache = self._prefilled(run, past)
-        flat_past = _flat(cache)
+        flat_past = self.runtime.flat_cache(_layers(cache))
         embeds = self._tokens(new)
         positions = np.arange(past, past + new, dtype=np.int64)[None]
-        reference = run(_t(embeds), torch.from_numpy(positions), cache).numpy()
+        reference = run(as_tensor(embeds), torch.from_numpy(positions), cache).numpy()
         hidden, present = self.runtime.unbatched(name)(embeds, positions, flat_past)
-        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *_flat(cache)])
+        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *self.runtime.flat_cache(_layers(cache))])
 
     def incremental_equals_prefill(self, name: str, length: int = 8, prefix: int = 3) -> Gate:
         embeds = self._tokens(length)
@@ -125,12 +122,9 @@ class GraphGates:
 
     def batched_guidance(self) -> Gate:
         """The runtime's batch-2 CFG streams (padded, masked) against two separate reference streams."""
-        from ..reference.generate import TorchRealtimeBackend
-
         positive, negative = self._prefilled(self.model.upper_step, 9), self._prefilled(self.model.upper_step, 2)
-        layers = lambda cache: [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]  # noqa: E731
-        ours = self.runtime.guided_streams(layers(positive), layers(negative))
-        reference = TorchRealtimeBackend(self.model).guided_streams(layers(positive), layers(negative))
+        ours = self.runtime.guided_streams(_layers(positive), _layers(negative))
+        reference = TorchRealtimeBackend(self.model).guided_streams(_layers(positive), _layers(negative))
         outputs, references = [], []
         for step in range(4):  # speech, a 3-token text window (positive only), then speech again
             if step == 1:
@@ -145,24 +139,24 @@ class GraphGates:
 
     def conditions(self, count: int) -> np.ndarray:
         cache = DynamicCache()
-        return self.model.upper_step(_t(self._tokens(count)), torch.arange(count)[None], cache)[0].numpy()
+        return self.model.upper_step(as_tensor(self._tokens(count)), torch.arange(count)[None], cache)[0].numpy()
 
     def diffusion_head(self) -> Gate:
         conditions = self.conditions(4)
         noisy = self.rng.standard_normal((4, self.model.dims.head.latent)).astype(F32)
         timesteps = np.array([999, 799, 400, 200], F32)
         ours = self.runtime.velocity(noisy, timesteps, conditions)
-        reference = self.model.predict_velocity(_t(noisy), _t(timesteps), _t(conditions)).numpy()
+        reference = self.model.predict_velocity(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
         return compare("diffusion_head", [ours], [reference])
 
     def connector(self) -> Gate:
         latents = self.rng.standard_normal((1, 4, self.model.dims.head.latent)).astype(F32)
-        return compare("acoustic_connector", [self.runtime.connect(latents)], [self.model.connect(_t(latents)).numpy()])
+        return compare("acoustic_connector", [self.runtime.connect(latents)], [self.model.connect(as_tensor(latents)).numpy()])
 
     def eos(self) -> Gate:
         hidden = self.conditions(4)
         ours = self.runtime.sessions["eos_classifier"].run(None, {"hidden_states": hidden})[0]
-        return compare("eos_classifier", [ours], [self.model.eos_logit(_t(hidden)).numpy()])
+        return compare("eos_classifier", [ours], [self.model.eos_logit(as_tensor(hidden)).numpy()])
 
     def _decoder_latents(self, frames: int) -> np.ndarray:
         z = self.rng.standard_normal((1, frames, self.model.dims.head.latent)).astype(F32)
@@ -171,7 +165,7 @@ class GraphGates:
     def decoder_whole(self) -> Gate:
         latents = self._decoder_latents(6)
         ours = self.runtime.bundle.session("acoustic_decoder").run(None, {"latents": latents})[0]
-        return compare("acoustic_decoder (6 frames)", [ours], [self.model.decode(_t(latents)).numpy()])
+        return compare("acoustic_decoder (6 frames)", [ours], [self.model.decode(as_tensor(latents)).numpy()])
 
     def decoder_stream(self) -> Gate:
         latents = self._decoder_latents(3)
@@ -180,7 +174,7 @@ class GraphGates:
         outputs, references = [], []
         for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
             ours, ours_state = self.runtime.decode_frame(latents[:, i : i + 1], ours_state)
-            reference = self.model.decode_stream(_t(latents[:, i : i + 1]), state)[0, 0].numpy()
+            reference = self.model.decode_stream(as_tensor(latents[:, i : i + 1]), state)[0, 0].numpy()
             outputs += [ours]
             references += [reference]
         outputs += ours_state
@@ -233,11 +227,9 @@ def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None)
     """
     if voice is not None:
         return bundle.voice(voice), voice
-    from ..reference.presets import as_voice_prompt, compute_prompt
+    from ..reference.presets import as_voice_prompt, prompt_from_text
 
-    tokenizer = bundle.tokenizer
-    pad = tokenizer.token_to_id("<|image_pad|>") or 0
-    return as_voice_prompt(compute_prompt(model, tokenizer.encode("A voice prompt.\n").ids, pad)), "(computed by the reference)"
+    return as_voice_prompt(prompt_from_text(model, bundle.tokenizer, "A voice prompt.\n")), "(computed by the reference)"
 
 
 def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
