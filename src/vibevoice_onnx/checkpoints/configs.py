@@ -122,78 +122,133 @@ def _need(section: dict, key: str, where: str):
     return section[key]
 
 
+def _json_type(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), f"the number {value!r}")
+
+
+def _section(parent: dict, key: str, where: str) -> dict:
+    value = _need(parent, key, where)
+    if not isinstance(value, dict):
+        raise CheckpointError(f"config.json: {key} must be a JSON object, found {_json_type(value)}")
+    return value
+
+
+def _whole(value, key: str, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise CheckpointError(f"config.json: {where}.{key} must be a whole number of at least {minimum}, found {_json_type(value)}")
+    return int(value)
+
+
+def _count(section: dict, key: str, where: str, default: int | None = None, minimum: int = 1) -> int:
+    value = section.get(key, default) if default is not None else _need(section, key, where)
+    return _whole(value, key, where, minimum)
+
+
+def _positive(section: dict, key: str, where: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise CheckpointError(f"config.json: {where}.{key} must be a positive number, found {_json_type(value)}")
+    return float(value)
+
+
 def _qwen(section: dict, where: str, layers: int | None = None) -> QwenDims:
-    hidden = int(_need(section, "hidden_size", where))
-    heads = int(_need(section, "num_attention_heads", where))
+    hidden = _count(section, "hidden_size", where)
+    heads = _count(section, "num_attention_heads", where)
+    kv_heads = _count(section, "num_key_value_heads", where, default=heads)
+    head_dim = section.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise CheckpointError(f"config.json: {where}.hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        raise CheckpointError(f"config.json: {where}.num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    rope = section.get("rope_parameters") if isinstance(section.get("rope_parameters"), dict) else {}
     return QwenDims(
         hidden=hidden,
-        layers=int(layers if layers is not None else _need(section, "num_hidden_layers", where)),
+        layers=layers if layers is not None else _count(section, "num_hidden_layers", where),
         heads=heads,
-        kv_heads=int(section.get("num_key_value_heads", heads)),
-        head_dim=int(section.get("head_dim") or hidden // heads),
-        intermediate=int(_need(section, "intermediate_size", where)),
-        vocab=int(_need(section, "vocab_size", where)),
-        rope_theta=float(section.get("rope_theta", (section.get("rope_parameters") or {}).get("rope_theta", 1e6))),
-        rms_eps=float(section.get("rms_norm_eps", 1e-6)),
-        max_positions=int(section.get("max_position_embeddings", 32768)),
+        kv_heads=kv_heads,
+        head_dim=_whole(head_dim, "head_dim", where),
+        intermediate=_count(section, "intermediate_size", where),
+        vocab=_count(section, "vocab_size", where),
+        rope_theta=_positive(section, "rope_theta", where, rope.get("rope_theta", 1e6)),
+        rms_eps=_positive(section, "rms_norm_eps", where, 1e-6),
+        max_positions=_count(section, "max_position_embeddings", where, default=32768),
         tied_embeddings=bool(section.get("tie_word_embeddings", False)),
     )
 
 
-def _depths(value) -> tuple[int, ...]:
-    if isinstance(value, str):
-        return tuple(int(d) for d in value.split("-"))
-    return tuple(int(d) for d in value)
+def _counts(value, key: str, where: str) -> tuple[int, ...]:
+    """A list of whole numbers >= 1, or upstream's "3-3-3" string form."""
+    try:
+        items = value.split("-") if isinstance(value, str) else list(value)
+        numbers = [int(v) if isinstance(v, str) else v for v in items]
+    except (TypeError, ValueError):
+        numbers = None
+    if not numbers:
+        raise CheckpointError(f"config.json: {where}.{key} must be a non-empty list of whole numbers, found {_json_type(value)}")
+    return tuple(_whole(n, key, where) for n in numbers)
+
+
+def _stack(vae_dim, n_filters, ratios, depths, eps, where: str) -> ConvStackDims:
+    if len(depths) != len(ratios) + 1:
+        raise CheckpointError(f"config.json: {where} has {len(ratios)} ratios but {len(depths)} stage depths (needs ratios + 1)")
+    return ConvStackDims(vae_dim, n_filters, ratios, depths, eps)
 
 
 def _upstream_encoder(section: dict, where: str) -> ConvStackDims:
     # Upstream lists ratios in decoder order; the encoder applies them reversed (trap 13).
-    return ConvStackDims(
-        vae_dim=int(_need(section, "vae_dim", where)),
-        n_filters=int(section.get("encoder_n_filters", 32)),
-        ratios=tuple(reversed(_need(section, "encoder_ratios", where))),
-        depths=_depths(_need(section, "encoder_depths", where)),
-        eps=float(section.get("layernorm_eps", 1e-5)),
+    return _stack(
+        vae_dim=_count(section, "vae_dim", where),
+        n_filters=_count(section, "encoder_n_filters", where, default=32),
+        ratios=tuple(reversed(_counts(_need(section, "encoder_ratios", where), "encoder_ratios", where))),
+        depths=_counts(_need(section, "encoder_depths", where), "encoder_depths", where),
+        eps=_positive(section, "layernorm_eps", where, 1e-5),
+        where=where,
     )
 
 
 def _upstream_decoder(section: dict, where: str) -> ConvStackDims:
-    encoder_depths = _depths(_need(section, "encoder_depths", where))
+    encoder_depths = _counts(_need(section, "encoder_depths", where), "encoder_depths", where)
     decoder_depths = section.get("decoder_depths")
-    return ConvStackDims(
-        vae_dim=int(_need(section, "vae_dim", where)),
-        n_filters=int(section.get("decoder_n_filters", 32)),
-        ratios=tuple(section.get("decoder_ratios") or _need(section, "encoder_ratios", where)),
-        depths=_depths(decoder_depths) if decoder_depths else tuple(reversed(encoder_depths)),
-        eps=float(section.get("layernorm_eps", 1e-5)),
+    ratios = section.get("decoder_ratios") or _need(section, "encoder_ratios", where)
+    return _stack(
+        vae_dim=_count(section, "vae_dim", where),
+        n_filters=_count(section, "decoder_n_filters", where, default=32),
+        ratios=_counts(ratios, "decoder_ratios", where),
+        depths=_counts(decoder_depths, "decoder_depths", where) if decoder_depths else tuple(reversed(encoder_depths)),
+        eps=_positive(section, "layernorm_eps", where, 1e-5),
+        where=where,
     )
 
 
 def _hf_encoder(section: dict, where: str) -> ConvStackDims:
     # transformers-native configs store downsampling_ratios already in application order.
-    return ConvStackDims(
-        vae_dim=int(_need(section, "hidden_size", where)),
-        n_filters=int(section.get("num_filters", 32)),
-        ratios=tuple(_need(section, "downsampling_ratios", where)),
-        depths=_depths(_need(section, "depths", where)),
-        eps=float(section.get("rms_norm_eps", 1e-5)),
+    return _stack(
+        vae_dim=_count(section, "hidden_size", where),
+        n_filters=_count(section, "num_filters", where, default=32),
+        ratios=_counts(_need(section, "downsampling_ratios", where), "downsampling_ratios", where),
+        depths=_counts(_need(section, "depths", where), "depths", where),
+        eps=_positive(section, "rms_norm_eps", where, 1e-5),
+        where=where,
     )
 
 
 def _head(section: dict, where: str) -> HeadDims:
-    hidden = int(_need(section, "hidden_size", where))
+    hidden = _count(section, "hidden_size", where)
     # The sampler implements what every VibeVoice checkpoint uses; anything else would sample wrongly.
     for key, supported in (("ddpm_beta_schedule", "cosine"), ("prediction_type", "v_prediction")):
         if section.get(key, supported) != supported:
             raise CheckpointError(f"config.json: {where}.{key} is '{section[key]}'; only '{supported}' is supported")
     return HeadDims(
         hidden=hidden,
-        layers=int(section.get("head_layers", 4)),
-        ffn=int(hidden * float(section.get("head_ffn_ratio", 3.0))),
-        latent=int(section.get("latent_size", 64)),
-        eps=float(section.get("rms_norm_eps", 1e-5)),
-        train_steps=int(section.get("ddpm_num_steps", 1000)),
-        inference_steps=int(section.get("ddpm_num_inference_steps", 20)),
+        layers=_count(section, "head_layers", where, default=4),
+        ffn=int(hidden * _positive(section, "head_ffn_ratio", where, 3.0)),
+        latent=_count(section, "latent_size", where, default=64),
+        eps=_positive(section, "rms_norm_eps", where, 1e-5),
+        train_steps=_count(section, "ddpm_num_steps", where, default=1000, minimum=2),
+        inference_steps=_count(section, "ddpm_num_inference_steps", where, default=20),
         beta_schedule=str(section.get("ddpm_beta_schedule", "cosine")),
         prediction_type=str(section.get("prediction_type", "v_prediction")),
     )
@@ -228,7 +283,7 @@ def detect_kind(config: dict, source: str = "config.json") -> str:
 def model_dims(config: dict, source: str = "config.json") -> ModelDims:
     kind = detect_kind(config, source)
     if kind == "asr-hf":
-        text = _need(config, "text_config", source)
+        text = _section(config, "text_config", source)
         special = tuple(
             (name, int(config[name]))
             for name in ("audio_bos_token_id", "audio_eos_token_id", "audio_token_id", "pad_token_id", "eos_token_id")
@@ -237,17 +292,17 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
         return ModelDims(
             kind=kind,
             lm=_qwen(text, "text_config"),
-            configured_layers=int(_need(text, "num_hidden_layers", "text_config")),
-            acoustic_encoder=_hf_encoder(_need(config, "acoustic_tokenizer_encoder_config", source), "acoustic_tokenizer_encoder_config"),
-            semantic_encoder=_hf_encoder(_need(config, "semantic_tokenizer_encoder_config", source), "semantic_tokenizer_encoder_config"),
+            configured_layers=_count(text, "num_hidden_layers", "text_config"),
+            acoustic_encoder=_hf_encoder(_section(config, "acoustic_tokenizer_encoder_config", source), "acoustic_tokenizer_encoder_config"),
+            semantic_encoder=_hf_encoder(_section(config, "semantic_tokenizer_encoder_config", source), "semantic_tokenizer_encoder_config"),
             special_tokens=special,
         )
 
-    decoder = _need(config, "decoder_config", source)
-    acoustic = _need(config, "acoustic_tokenizer_config", source)
-    configured = int(_need(decoder, "num_hidden_layers", "decoder_config"))
+    decoder = _section(config, "decoder_config", source)
+    acoustic = _section(config, "acoustic_tokenizer_config", source)
+    configured = _count(decoder, "num_hidden_layers", "decoder_config")
     if kind == "realtime":
-        upper = int(_need(config, "tts_backbone_num_hidden_layers", source))
+        upper = _count(config, "tts_backbone_num_hidden_layers", "config")
         if not 0 < upper < configured:
             raise CheckpointError(
                 f"{source}: tts_backbone_num_hidden_layers={upper} must lie between 0 and num_hidden_layers={configured}"
@@ -258,9 +313,9 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
             tts_lm=_qwen(decoder, "decoder_config", layers=upper),
             configured_layers=configured,
             acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
-            head=_head(_need(config, "diffusion_head_config", source), "diffusion_head_config"),
+            head=_head(_section(config, "diffusion_head_config", source), "diffusion_head_config"),
         )
-    semantic = _need(config, "semantic_tokenizer_config", source)
+    semantic = _section(config, "semantic_tokenizer_config", source)
     dims = dict(
         kind=kind,
         lm=_qwen(decoder, "decoder_config"),
@@ -270,7 +325,7 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
         semantic_encoder=_upstream_encoder(semantic, "semantic_tokenizer_config"),
     )
     if kind == "1.5b":
-        dims["head"] = _head(_need(config, "diffusion_head_config", source), "diffusion_head_config")
+        dims["head"] = _head(_section(config, "diffusion_head_config", source), "diffusion_head_config")
     return ModelDims(**dims)
 
 

@@ -7,8 +7,12 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors can return bf16 arrays)
+import numpy as np
+from safetensors import safe_open
+
 from .configs import model_dims
-from .files import open_checkpoint
+from .files import CheckpointFiles, open_checkpoint
 from .layouts import layout_for
 from .names import normalise_key
 
@@ -26,6 +30,29 @@ def actual_layers(names) -> dict[str, int]:
         if m := _LAYER_INDEX.match(name):
             seen.setdefault(m.group(1), set()).add(int(m.group(2)))
     return {lm: max(indices) + 1 for lm, indices in sorted(seen.items())}
+
+
+# Tensors up to this size are read in full and checked for NaN/inf: scales and biases (upstream initialises
+# the latent scaling buffers to NaN, so a half-converted checkpoint can carry them), type embeddings, norms,
+# layer scales. Together they are a few MB even at full size; the large matrices are left unread.
+SMALL_TENSOR = 1 << 16
+
+
+def non_finite_tensors(files: CheckpointFiles) -> list[str]:
+    """Names of the small stored tensors that hold NaN or infinity, each with what it holds."""
+    found = []
+    by_shard: dict[str, list[str]] = {}
+    for t in files.tensors.values():
+        if _numel(t.shape) <= SMALL_TENSOR and t.dtype in ("BF16", "F16", "F32", "F64"):
+            by_shard.setdefault(t.file, []).append(t.name)
+    for shard, names in by_shard.items():
+        with safe_open(str(files.root / shard), framework="numpy") as f:
+            for name in names:
+                values = np.asarray(f.get_tensor(name), dtype=np.float32)
+                if not np.isfinite(values).all():
+                    kinds = [k for k, bad in (("NaN", np.isnan(values).any()), ("infinity", np.isinf(values).any())) if bad]
+                    found.append(f"{name} ({' and '.join(kinds)})")
+    return sorted(found)
 
 
 def inspect_checkpoint(root: Path) -> dict:
@@ -55,11 +82,12 @@ def inspect_checkpoint(root: Path) -> dict:
             + " + ".join(f"{n} ({lm})" for lm, n in layers.items())
         )
     unused = [t.name for t in layout.tensors if not t.used]
+    non_finite = non_finite_tensors(files)
     tokenizer = Path(root) / "tokenizer.json"
     return {
         "path": str(Path(root)),
         "kind": dims.kind,
-        "ok": not (missing or unexpected or shape_mismatches),
+        "ok": not (missing or unexpected or shape_mismatches or non_finite),
         "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
         "dtypes": dict(dtypes),
         "files": list(files.shards),
@@ -80,11 +108,20 @@ def inspect_checkpoint(root: Path) -> dict:
         "missing": missing,
         "unexpected": unexpected,
         "shape_mismatches": shape_mismatches,
+        "non_finite": non_finite,
     }
 
 
 def _fmt_count(n: int) -> str:
     return f"{n:,}"
+
+
+def _verdict(r: dict) -> str:
+    if r["missing"] or r["unexpected"] or r["shape_mismatches"]:
+        return "DOES NOT match its layout"
+    if r["non_finite"]:
+        return "matches its layout, but holds NaN or infinite values: unusable"
+    return "matches its layout exactly"
 
 
 def format_report(r: dict, limit: int = 20) -> str:
@@ -114,5 +151,7 @@ def format_report(r: dict, limit: int = 20) -> str:
             lines.append(f"  ... and {len(items) - limit} more")
     lines.append(f"shape errors {len(r['shape_mismatches'])}")
     lines += [f"  {m['name']}: expected {m['expected']}, found {m['actual']}" for m in r["shape_mismatches"][:limit]]
-    lines.append("result       " + ("matches its layout exactly" if r["ok"] else "DOES NOT match its layout"))
+    lines.append(f"non-finite   {len(r['non_finite'])}")
+    lines += [f"  {name}" for name in r["non_finite"][:limit]]
+    lines.append("result       " + _verdict(r))
     return "\n".join(lines)

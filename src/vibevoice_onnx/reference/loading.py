@@ -45,6 +45,11 @@ def check_layout(root: Path) -> dict:
         problems.append(f"{len(shapes)} with the wrong shape ({_listing(shapes)})")
     if problems:
         raise CheckpointError(f"{root}: does not match the {report['kind']} layout: " + "; ".join(problems))
+    if report["non_finite"]:
+        raise CheckpointError(
+            f"{root}: holds non-finite values in {_listing(report['non_finite'])}; a usable checkpoint has finite "
+            "values there (upstream initialises the latent scaling buffers to NaN: was the checkpoint fully converted?)"
+        )
     return report
 
 
