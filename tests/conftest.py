@@ -62,6 +62,26 @@ def tiny_bundle(tiny_checkpoints, tiny_preset, tmp_path_factory) -> Path:
     return bundle
 
 
+@pytest.fixture(scope="session")
+def eos_early_rebuild(tiny_checkpoints, tiny_bundle, tmp_path_factory) -> tuple[Path, Path]:
+    """A rebuild, over a copy of the tiny bundle, from a checkpoint whose EOS fires on the first frame.
+
+    One build serves two tests: a rebuild keeps the voices (same model dims), and verify must judge a
+    checkpoint that stops at once. Returns (checkpoint, rebuilt bundle)."""
+    import numpy as np
+
+    from vibevoice_onnx.export.build import build_bundle
+
+    from helpers import copy_checkpoint, set_tensor
+
+    root = tmp_path_factory.mktemp("eos-early")
+    checkpoint = copy_checkpoint(tiny_checkpoints["realtime"], root / "checkpoint")
+    set_tensor(checkpoint, "tts_eos_classifier.fc2.bias", np.array([12.0]))  # logit std ~1: fires at once
+    previous = copy_bundle(tiny_bundle, root / "onnx" / "realtime" / "cpu_fp32")
+    (previous / "stale.txt").write_text("from the old bundle")
+    return checkpoint, build_bundle(checkpoint, root / "onnx")
+
+
 def copy_bundle(bundle: Path, dst: Path) -> Path:
     import shutil
 

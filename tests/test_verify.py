@@ -84,4 +84,24 @@ def test_closed_loop_agrees_on_an_eos_that_fires_mid_run(tiny_bundle, realtime_r
     finally:
         model.eos_classifier.fc2.bias.copy_(original)
     assert all(g.passed for g in gates), gates
-    assert info["frames"] == target + 1 and "EOS frame " + str(target) in gates[2].detail
+    assert info["frames"] == 30 and info["eos_frame_reference"] == info["eos_frame_runtime"] == target
+    assert f"first fire after frame {target} (runtime) / {target} (reference)" in gates[2].detail
+
+
+def test_verify_judges_a_checkpoint_whose_eos_fires_at_once(eos_early_rebuild, capsys):
+    """A random checkpoint that would stop after its first frame is still verified over the whole loop."""
+    checkpoint, bundle = eos_early_rebuild
+    assert main(["verify", str(bundle), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["passed"] and record["closed_loop"]["eos_frame_reference"] == 0
+    assert record["closed_loop"]["eos_frame_runtime"] == 0 and record["closed_loop"]["frames"] == 18
+    loop = {g["name"]: g for g in record["gates"] if g["name"].startswith("closed loop")}
+    assert loop["closed loop: per-frame latent min cosine"]["cosine"] >= 0.99
+    assert "17 of 17 frames clear of the" in loop["closed loop: per-frame EOS decisions agree"]["detail"]
+
+
+def test_verify_runs_the_loop_from_an_imported_voice(tiny_bundle, tmp_path, capsys):
+    bundle = copy_bundle(tiny_bundle, tmp_path / "bundle")
+    assert main(["verify", str(bundle), "--voice", "synthetic", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["passed"] and record["closed_loop"]["voice"] == "synthetic"

@@ -10,10 +10,13 @@ a backend that evaluates the components; this module owns the algorithm of upstr
   latent decoded one frame at a time (divide by the scale, then subtract the bias), then fed back through the
   connector with the speech type embedding into the positive and then the negative upper-LM stream;
 * EOS is checked on the new positive hidden state after each fed-back frame (sigmoid > 0.5); the frame
-  that triggered it is kept, and stopping at once gives upstream's audio;
+  that triggered it is kept, and stopping at once gives upstream's audio (with `stop_on_eos=False` the
+  decision is recorded but not acted on, so a run has a fixed length whatever a random model decides);
 * a text window that would push the positive upper-LM sequence past max_position_embeddings is not run;
   a frame whose feedback would is still emitted, then generation stops (upstream's strict `>` check);
-* once the text is used up, speech windows continue until EOS or the length limit.
+* once the text is used up, speech windows continue until EOS or the length limit;
+* a latent or audio chunk holding NaN or infinity stops generation with an error naming the frame, before
+  the chunk is handed out (one isfinite per frame).
 """
 
 from __future__ import annotations
@@ -98,12 +101,16 @@ class GenerationResult:
 
     @property
     def eos_frame(self) -> int | None:
-        """0-based index of the frame after which EOS fired, or None."""
-        return self.frames - 1 if self.stop_reason == "eos" else None
+        """0-based index of the first frame after which EOS fired (acted on or not), or None."""
+        return next((i for i, logit in enumerate(self.eos_logits) if eos_fires(logit)), None)
 
     @property
     def audio(self) -> np.ndarray:
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.float32)
+
+
+def eos_fires(logit: float) -> bool:
+    return bool(sigmoid(logit) > 0.5)
 
 
 def sigmoid(x: float) -> np.float32:
@@ -115,6 +122,15 @@ def sigmoid(x: float) -> np.float32:
     return e / (np.float32(1) + e)
 
 
+def require_finite(array: np.ndarray, what: str, where: str) -> None:
+    """Stop with a sentence naming `where` (e.g. "frame 3") if `array` holds NaN or infinity."""
+    if not np.isfinite(array).all():
+        raise VibeVoiceError(
+            f"{where}: the {what} holds NaN or infinity, so it was not used or written "
+            "(the model or its options produce invalid values; `vibevoice-onnx verify` checks the bundle)"
+        )
+
+
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
@@ -124,6 +140,7 @@ def realtime_frames(
     steps: int,
     max_frames: int | None,
     result: GenerationResult,
+    stop_on_eos: bool = True,
 ) -> Iterator[np.ndarray]:
     """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
     if max_frames is not None and max_frames < 1:
@@ -153,8 +170,10 @@ def realtime_frames(
             h_pos = tts.text(lm_hidden + text_type)
         for _ in range(SPEECH_WINDOW):
             z = sample_latent(schedule, noise(result.frames), guided_velocity, cfg_scale)
+            require_finite(z, "sampled latent", f"frame {result.frames}")
             latent = z[None, None]
             chunk, decoder_state = backend.decode_frame(backend.unscale(latent), decoder_state)
+            require_finite(chunk, "decoded audio", f"frame {result.frames}")
             result.latents.append(z)
             result.chunks.append(chunk)
             yield chunk
@@ -168,6 +187,6 @@ def realtime_frames(
             h_pos, h_neg = tts.speech(feedback)
             logit = backend.eos_logit(h_pos)
             result.eos_logits.append(logit)
-            if sigmoid(logit) > 0.5:
+            if stop_on_eos and eos_fires(logit):
                 result.stop_reason = "eos"
                 return

@@ -70,9 +70,11 @@ def generate(
     cfg_scale: float = 1.5,
     steps: int = 5,
     max_frames: int | None = None,
+    stop_on_eos: bool = True,
 ) -> GenerationResult:
     result = GenerationResult()
-    frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames, result)
+    frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames, result,
+                             stop_on_eos)
     for _ in frames:
         pass
     return result

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
-from ..generation import GenerationResult, realtime_frames
+from ..outputs import atomic_file
+from ..generation import GenerationResult, eos_fires, realtime_frames
 from ..reference.generate import TorchRealtimeBackend, as_tensor, generate
 from ..reference.modules import ConvState, RealtimeModel, conv_state_specs
 from ..runtime.bundle import MANIFEST, Bundle
@@ -37,6 +37,7 @@ CLOSED_LOOP_TEXT = (
     "one frame at a time."
 )
 CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first three text windows
+EOS_NOISE_FLOOR = 1e-2  # |EOS logit| below this is a decision two faithful implementations may split
 F32 = np.float32
 
 
@@ -193,29 +194,45 @@ class GraphGates:
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
                 seed: int = 1234, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
+    """The whole generation, `frames` long in both implementations: EOS is decided every frame but not acted
+    on, so the gate judges agreement however early a (random) checkpoint would stop."""
     noise = NoiseSource.from_seed(seed, model.dims.head.latent)
-    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames)
+    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames, stop_on_eos=False)
     ours = GenerationResult()
-    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, ours):
+    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, ours, stop_on_eos=False):
         pass
-    count = min(ours.frames, reference.frames)
-    latent_cosines = [cosine(a, b) for a, b in zip(ours.latents[:count], reference.latents[:count])]
-    audio_cos = cosine(ours.audio[: count * len(ours.chunks[0])], reference.audio[: count * len(reference.chunks[0])]) if count else 0.0
-    same_stop = (ours.frames, ours.eos_frame, ours.stop_reason) == (reference.frames, reference.eos_frame, reference.stop_reason)
-    eos_diff = max((abs(a - b) for a, b in zip(ours.eos_logits, reference.eos_logits)), default=0.0)
+    complete = ours.frames == reference.frames == frames
+    latent_cosines = [cosine(a, b) for a, b in zip(ours.latents, reference.latents)]
+    latent_diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.latents, reference.latents)), default=0.0)
+    audio_cos = cosine(ours.audio, reference.audio) if complete else 0.0
+    audio_diff = float(np.abs(ours.audio - reference.audio).max()) if complete else float("inf")
     windows = -(-len(ids) // 5)
-    detail = f"{reference.frames} frames, {windows} text windows, cfg 1.5, 5 steps, seed {seed}"
+    detail = f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg 1.5, 5 steps, seed {seed}"
+    if not complete:
+        detail += f"; the runs ended after {ours.frames} (runtime) and {reference.frames} (reference) frames"
+    eos_gate, eos_info = eos_agreement(ours, reference)
     gates = [
-        Gate("closed loop: per-frame latent min cosine", min(latent_cosines) if latent_cosines else None,
-             max((float(np.abs(a - b).max()) for a, b in zip(ours.latents, reference.latents)), default=0.0),
-             bool(latent_cosines) and min(latent_cosines) >= MIN_COSINE and reference.frames >= 12, detail),
-        Gate("closed loop: audio cosine", audio_cos, float(np.abs(ours.audio - reference.audio).max()) if same_stop else float("inf"),
-             audio_cos >= MIN_COSINE, detail),
-        Gate("closed loop: same EOS frame and stop", None, eos_diff, same_stop,
-             f"runtime {ours.stop_reason} after {ours.frames} frames (EOS frame {ours.eos_frame}), reference "
-             f"{reference.stop_reason} after {reference.frames} (EOS frame {reference.eos_frame}); max |Δ eos logit| {eos_diff:.2e}"),
+        Gate("closed loop: per-frame latent min cosine", min(latent_cosines) if latent_cosines else None, latent_diff,
+             complete and min(latent_cosines) >= MIN_COSINE, detail),
+        Gate("closed loop: audio cosine", audio_cos, audio_diff, complete and audio_cos >= MIN_COSINE, detail),
+        eos_gate,
     ]
-    return gates, {"frames": reference.frames, "text_tokens": len(ids), "seed": seed}
+    return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info}
+
+
+def eos_agreement(runtime: GenerationResult, reference: GenerationResult) -> tuple[Gate, dict]:
+    """Per-frame EOS decisions agree wherever the reference logit is clear of the noise floor."""
+    ours, theirs = runtime.eos_logits, reference.eos_logits
+    decided = [i for i, logit in enumerate(theirs) if abs(logit) > EOS_NOISE_FLOOR]
+    disagree = [i for i in decided if i < len(ours) and eos_fires(ours[i]) != eos_fires(theirs[i])]
+    diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
+    info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": runtime.eos_frame}
+    passed = len(ours) == len(theirs) and not disagree
+    detail = (f"{len(decided)} of {len(theirs)} frames clear of the ±{EOS_NOISE_FLOOR} noise floor, "
+              f"{len(disagree)} disagree{' (frames ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
+              f"EOS would first fire after frame {info['eos_frame_runtime']} (runtime) / {info['eos_frame_reference']} "
+              f"(reference); max |Δ eos logit| {diff:.2e}")
+    return Gate("closed loop: per-frame EOS decisions agree", None, diff, passed, detail), info
 
 
 def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None) -> tuple[VoicePrompt, str]:
@@ -274,19 +291,18 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
         "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": str(checkpoint.resolve()),
         "reference": "fp32 PyTorch (transformers modules), CPU",
-        "thresholds": {"min_cosine": MIN_COSINE, "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
+        "thresholds": {"min_cosine": MIN_COSINE, "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS,
+                       "eos_noise_floor": EOS_NOISE_FLOOR},
         "closed_loop": {**loop_info, "voice": voice},
         "passed": all(g.passed for g in gates),
         "gates": [asdict(g) for g in gates],
     }
     manifest = dict(bundle.manifest, parity=record)
-    tmp = bundle.path / (MANIFEST + ".partial")
     try:
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp, bundle.path / MANIFEST)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        record["not_recorded"] = f"{bundle.path / MANIFEST}: could not record the results ({e.strerror or e})"
+        with atomic_file(bundle.path / MANIFEST, "recording the results") as partial:
+            partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    except VibeVoiceError as e:
+        record["not_recorded"] = str(e)
     return record
 
 
@@ -298,7 +314,7 @@ def format_table(record: dict) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for g in record["gates"]:
-        if g["detail"] and (not g["passed"] or g["name"].startswith("closed loop: same")):
+        if g["detail"] and (not g["passed"] or g["name"].startswith("closed loop: per-frame EOS")):
             lines.append(f"  {g['name']}: {g['detail']}")
     lines.append("all gates passed" if record["passed"] else "SOME GATES FAILED")
     if "not_recorded" in record:
