@@ -61,7 +61,7 @@ def test_a_failed_build_leaves_nothing_that_looks_complete(tiny_checkpoints, tmp
     with pytest.raises(RuntimeError, match="simulated crash"):
         build_bundle(tiny_checkpoints["realtime"], tmp_path)
     assert calls == ["lower_lm"]
-    assert list((tmp_path / "realtime").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # neither a partial bundle nor the kind folder the build created
 
 
 def test_a_checkpoint_without_tokenizer_needs_one(tiny_checkpoints, tmp_path):
@@ -86,13 +86,8 @@ def test_unsupported_requests_are_refused(tiny_checkpoints, tmp_path):
         build_bundle(tiny_checkpoints["1.5b"], tmp_path)
 
 
-def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, tiny_checkpoints, tmp_path):
-    from conftest import copy_bundle
-
-    out_root = tmp_path / "onnx"
-    copy_bundle(tiny_bundle, out_root / "realtime" / "cpu_fp32")
-    (out_root / "realtime" / "cpu_fp32" / "stale.txt").write_text("from the old bundle")
-    rebuilt = build_bundle(tiny_checkpoints["realtime"], out_root)
+def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, eos_early_rebuild):
+    _, rebuilt = eos_early_rebuild
     assert (rebuilt / "voices" / "synthetic.safetensors").read_bytes() == (tiny_bundle / "voices" / "synthetic.safetensors").read_bytes()
     assert not (rebuilt / "stale.txt").exists()
-    assert sorted(p.name for p in (out_root / "realtime").iterdir()) == ["cpu_fp32"]
+    assert sorted(p.name for p in rebuilt.parent.iterdir()) == ["cpu_fp32"]

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .errors import VibeVoiceError
+from .options import cli_type
 
 EXIT_MISMATCH = 1  # the command ran, and what it checked is not right (inspect mismatch, failed gate)
 EXIT_ERROR = 2  # the command could not run on this input
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a Unix tool killed by SIGPIPE reports
 DEMO_TEXT = "Hello from vibevoice-onnx. This speech comes from ONNX graphs, with no PyTorch at run time."
 
 
@@ -30,17 +35,19 @@ def cmd_make_checkpoint(args) -> int:
     from .checkpoints.synthetic import make_checkpoint
 
     out = Path(args.out_dir)
-    make_checkpoint(args.kind, out, size=args.size, seed=args.seed, dtype=args.dtype)
-    if args.kind == "realtime":
+
+    def add_preset(checkpoint: Path) -> None:
         # Realtime voices exist only as presets (no acoustic encoder): make one in upstream's format.
         from .reference.loading import load_realtime
         from .reference.presets import write_synthetic_preset
         from .text import load_tokenizer
 
-        preset = write_synthetic_preset(
-            load_realtime(out), load_tokenizer(out / "tokenizer.json"), out / "voices" / "synthetic.pt", args.seed
-        )
-        print(f"  voice preset: {preset}", file=sys.stderr)
+        write_synthetic_preset(load_realtime(checkpoint), load_tokenizer(checkpoint / "tokenizer.json"),
+                               checkpoint / "voices" / "synthetic.pt", args.seed)
+        print(f"  voice preset: {out / 'voices' / 'synthetic.pt'}", file=sys.stderr)
+
+    make_checkpoint(args.kind, out, size=args.size, seed=args.seed, dtype=args.dtype,
+                    extras=add_preset if args.kind == "realtime" else None)
     print(out)
     return 0
 
@@ -113,15 +120,18 @@ def cmd_speak(args) -> int:
 def cmd_decode(args) -> int:
     import soundfile as sf
 
+    from .outputs import atomic_file, check_output_file
     from .runtime.realtime import RealtimeTTS
     from .sampling import read_npy
 
+    check_output_file(Path(args.output))
     latents = read_npy(Path(args.latents), "latents")
     audio, rate = RealtimeTTS(Path(args.bundle), threads=args.threads).decode(latents)
-    try:
-        sf.write(args.output, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT")
-    except (sf.LibsndfileError, OSError) as e:
-        raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
+    with atomic_file(Path(args.output), "writing the WAV file") as partial:
+        try:
+            sf.write(partial, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT", format="WAV")
+        except sf.LibsndfileError as e:
+            raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
     print(f"decoded {len(latents)} frames ({len(audio) / rate:.2f} s) into {args.output}", file=sys.stderr)
     return 0
 
@@ -167,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["realtime", "1.5b", "asr", "asr-hf"])
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--size", choices=["tiny", "full"], default="tiny")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=cli_type("seed"), default=0)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.set_defaults(func=cmd_make_checkpoint)
 
@@ -206,14 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voice", metavar="NAME", help="a voice of the bundle (default: the first)")
     p.add_argument("-o", "--output", metavar="OUT.wav", help="WAV file to write (default speech.wav)")
     p.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16")
-    p.add_argument("--cfg-scale", type=float, default=1.5)
-    p.add_argument("--steps", type=int, default=5, help="diffusion steps per frame (default 5)")
-    p.add_argument("--seed", type=int, help="noise seed (default: random, reported)")
+    p.add_argument("--cfg-scale", type=cli_type("cfg_scale"), default=1.5, help="classifier-free guidance, 0 to 20 (default 1.5)")
+    p.add_argument("--steps", type=cli_type("steps"), default=5, help="diffusion steps per frame, 1 to 999 (default 5)")
+    p.add_argument("--seed", type=cli_type("seed"), help="noise seed (default: random, reported)")
     p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is frame i's initial noise")
     p.add_argument("--save-latents", metavar="LATENTS.npy", help="save the generated latents [frames, 64]")
-    p.add_argument("--max-frames", type=int, metavar="N", help="stop after N frames (7.5 frames per second)")
+    p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="stop after N frames (7.5 frames per second)")
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
-    p.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_speak)
 
     p = sub.add_parser("decode", help="decode saved latents ([frames, 64] .npy) to a WAV in one pass")
@@ -221,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("latents", metavar="LATENTS.npy")
     p.add_argument("-o", "--output", default="decoded.wav", metavar="OUT.wav")
     p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
@@ -230,16 +240,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so every cleanup path (partial files, build directories) runs."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of our standard output went away (`speak --raw | head -c 100`): stop quietly, as Unix
+    tools do, and keep Python from complaining again when it flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         return args.func(args)
     except VibeVoiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except OSError as e:
+        from .outputs import os_error_message
+
+        print(f"error: {os_error_message(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ class DpmSolverSchedule:
     def create(cls, steps: int, train_steps: int = 1000, beta_schedule: str = "cosine") -> "DpmSolverSchedule":
         if beta_schedule != "cosine":
             raise VibeVoiceError(f"beta schedule '{beta_schedule}' is not supported (VibeVoice uses 'cosine')")
-        if steps < 1:
-            raise VibeVoiceError(f"diffusion steps must be at least 1, got {steps}")
+        if not 1 <= steps < train_steps:
+            raise VibeVoiceError(f"diffusion steps must be from 1 to {train_steps - 1}, got {steps}")
         # torch's CPU cumprod accumulates fp32 in double; matching it matters near t=0 where 1-ᾱ is tiny.
         alphas_cumprod = np.cumprod((F32(1.0) - cosine_betas(train_steps)).astype(np.float64)).astype(F32)
         sigma_table = ((F32(1.0) - alphas_cumprod) / alphas_cumprod) ** F32(0.5)

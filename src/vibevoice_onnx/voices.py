@@ -230,6 +230,9 @@ def check_voice_fits(prompt: VoicePrompt, expected: dict, source: str) -> None:
     for name in ("neg_condition", "tts_condition"):
         if getattr(prompt, name).shape != (expected["hidden"],):
             raise VibeVoiceError(f"{source}: does not fit this model: {name} is not a [{expected['hidden']}] vector")
+    arrays = [prompt.neg_condition, prompt.tts_condition] + [t for name in layers for pair in getattr(prompt, name) for t in pair]
+    if not all(np.isfinite(np.asarray(a, np.float32)).all() for a in arrays):
+        raise VibeVoiceError(f"{source}: holds NaN or infinity in its cached prompt, so it cannot be used as a voice")
 
 
 def save_voice(prompt: VoicePrompt, path: Path, metadata: dict[str, str]) -> None:

@@ -12,12 +12,15 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
 from ..errors import VibeVoiceError
+from ..options import check
+from ..outputs import atomic_directory
 from .configs import KINDS, full_config, model_dims, tiny_config
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
@@ -106,18 +109,19 @@ def write_weights(layout: Layout, out: Path, seed: int, dtype: str) -> list[str]
     return names
 
 
-def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dtype: str = "bfloat16") -> Layout:
+def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dtype: str = "bfloat16",
+                    extras: Callable[[Path], None] | None = None) -> Layout:
+    """Write the checkpoint into `out` atomically; `extras(directory)` may add files before it lands."""
     if kind not in KINDS:
         raise VibeVoiceError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})")
     if size not in ("tiny", "full"):
         raise VibeVoiceError(f"unknown size '{size}' (expected tiny or full)")
     if dtype not in DTYPES:
         raise VibeVoiceError(f"unknown dtype '{dtype}' (expected one of {', '.join(DTYPES)})")
+    seed = check("seed", seed)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise VibeVoiceError(f"{out}: directory is not empty; choose a new output directory")
-    out.mkdir(parents=True, exist_ok=True)
-
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise VibeVoiceError(f"{out}: {'directory is not empty' if out.is_dir() else 'is a file'}; choose a new output directory")
     tokenizer, special_ids = build_tokenizer(size)
     config = full_config(kind) if size == "full" else tiny_config(kind, 512, special_ids)
     if dtype != "bfloat16":
@@ -126,9 +130,12 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
                 if key in section:
                     section[key] = dtype
     layout = layout_for(model_dims(config))
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tokenizer.save(str(out / "tokenizer.json"))
     _log(f"making a {size} synthetic {kind} checkpoint in {out}: {len(layout.tensors)} tensors, "
          f"{layout.parameters:,} parameters, {dtype}")
-    write_weights(layout, out, seed, dtype)
+    with atomic_directory(out, _log) as partial:
+        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        tokenizer.save(str(partial / "tokenizer.json"))
+        write_weights(layout, partial, seed, dtype)
+        if extras is not None:
+            extras(partial)
     return layout

@@ -9,10 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -24,6 +22,7 @@ from safetensors.numpy import save_file
 from ..checkpoints.configs import model_dims
 from ..checkpoints.files import open_checkpoint
 from ..errors import VibeVoiceError
+from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
 from .graphs import OPSET, export_graph, realtime_graph_specs
 
@@ -126,23 +125,6 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
         log(f"  kept voice {voice.stem} from the previous bundle")
 
 
-def _replace_directory(tmp: Path, final: Path) -> None:
-    """Swap the finished build in; if the second rename fails, put the previous bundle back."""
-    os.chmod(tmp, 0o755)  # mkdtemp makes the directory private; a bundle is meant to be shared
-    if not final.exists():
-        os.replace(tmp, final)
-        return
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(final, old)
-    try:
-        os.replace(tmp, final)
-    except BaseException:
-        os.replace(old, final)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None) -> Path:
     if precision not in PRECISIONS:
@@ -157,14 +139,12 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
 
     final = Path(out_root) / dims.kind / f"{device}_{precision}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
     started = time.perf_counter()
-    try:
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-        from ..reference.loading import load_realtime
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    from ..reference.loading import load_realtime
 
-        model = load_realtime(checkpoint)
+    model = load_realtime(checkpoint)  # strict: refuses a checkpoint that does not match before any output
+    with atomic_directory(final, log, keep=carry_over_voices) as tmp:
         graphs = {}
         for spec in realtime_graph_specs(model):
             graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
@@ -188,10 +168,5 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "parity": None,  # filled by `vibevoice-onnx verify`
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        carry_over_voices(final, tmp)
-        _replace_directory(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"built {final} in {time.perf_counter() - started:.1f} s")
     return final

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.configs import KINDS, ModelDims, model_dims
 from ..errors import BundleError, VibeVoiceError
+from ..options import check_optional
 from ..voices import VoicePrompt, load_voice
 
 FORMAT_VERSION = 1
@@ -27,6 +28,56 @@ def voice_path(bundle_dir: Path, name: str) -> Path:
     return Path(bundle_dir) / VOICES / f"{name}.safetensors"
 
 
+_PLAIN_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def damaged(path: Path, problem: str) -> BundleError:
+    return BundleError(f"{path}: this bundle is damaged: {problem} (rebuild it with `vibevoice-onnx build`)")
+
+
+def _first_line(error: Exception, limit: int = 200) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:limit]
+
+
+def validate_manifest(manifest, path: Path) -> None:
+    """Check the manifest's structure before anything trusts it: types, and file names that stay inside the
+    bundle (a manifest naming ../ paths could otherwise make the runtime open files elsewhere)."""
+
+    def fail(problem: str):
+        raise damaged(path, f"the manifest {problem}")
+
+    def plain_file(value, field: str):
+        if not (isinstance(value, str) and _PLAIN_FILE.fullmatch(value) and ".." not in value):
+            fail(f"names '{value}' as {field}, which is not a plain file name inside the bundle")
+
+    if not isinstance(manifest, dict):
+        fail(f"must be a JSON object, found {type(manifest).__name__}")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise BundleError(f"{path}: bundle format {version} is not supported (expected {FORMAT_VERSION})")
+    for key, kind in (("model_kind", str), ("precision", str), ("device", str), ("config", dict), ("graphs", dict),
+                      ("tokenizer", dict), ("source", dict), ("host_tensors", str)):
+        if not isinstance(manifest.get(key), kind):
+            fail(f"has no valid '{key}' ({'an object' if kind is dict else 'a string'} expected)")
+    if manifest["model_kind"] not in KINDS:
+        fail(f"has an unknown model_kind '{manifest['model_kind']}'")
+    if not isinstance(manifest.get("parity"), (dict, type(None))):
+        fail("has a 'parity' record that is not an object")
+    plain_file(manifest["host_tensors"], "host tensors")
+    plain_file(manifest["tokenizer"].get("file"), "tokenizer")
+    for name, graph in manifest["graphs"].items():
+        if not isinstance(graph, dict):
+            fail(f"has a graph entry '{name}' that is not an object")
+        plain_file(graph.get("file"), f"the file of graph '{name}'")
+        if graph.get("external_data") is not None:
+            plain_file(graph["external_data"], f"the external data of graph '{name}'")
+        for side in ("inputs", "outputs"):
+            values = graph.get(side)
+            if not (isinstance(values, list) and values and all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in values)):
+                fail(f"has no valid '{side}' list for graph '{name}'")
+
+
 class Bundle:
     """Opens a bundle directory. Sessions are created on first use, with the given providers/options."""
 
@@ -37,18 +88,16 @@ class Bundle:
             raise BundleError(f"{self.path}: no {MANIFEST}, so this is not a complete vibevoice-onnx bundle")
         try:
             self.manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as e:
-            raise BundleError(f"{manifest_path}: not valid JSON ({e})") from None
-        version = self.manifest.get("format_version")
-        if version != FORMAT_VERSION:
-            raise BundleError(f"{manifest_path}: bundle format {version} is not supported (expected {FORMAT_VERSION})")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise damaged(manifest_path, f"not valid JSON ({e})") from None
+        validate_manifest(self.manifest, manifest_path)
         for name, graph in self.manifest["graphs"].items():
             for file in (graph["file"], graph.get("external_data")):
                 if file and not (self.path / file).is_file():
-                    raise BundleError(f"{self.path / file}: graph file of '{name}' is missing")
+                    raise damaged(self.path / file, f"the graph file of '{name}' is missing")
         self.providers = providers or ["CPUExecutionProvider"]
         self.session_options = session_options
-        self.threads = threads
+        self.threads = check_optional("threads", threads)
         self._sessions: dict = {}
 
     @property
@@ -78,7 +127,10 @@ class Bundle:
                 # cores from the next (measured: 35% slower generation on 2 cores with spinning on).
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.path / self.manifest["graphs"][name]["file"]
-            self._sessions[name] = ort.InferenceSession(str(path), options, providers=self.providers)
+            try:
+                self._sessions[name] = ort.InferenceSession(str(path), options, providers=self.providers)
+            except Exception as e:  # onnxruntime raises its own pybind classes (InvalidProtobuf, Fail, ...)
+                raise damaged(path, f"onnxruntime cannot load the graph ({_first_line(e)})") from None
         return self._sessions[name]
 
     def graph(self, name: str) -> dict:
@@ -88,7 +140,22 @@ class Bundle:
     def host(self) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
 
-        return load_file(str(self.path / HOST_TENSORS))
+        path = self.path / self.manifest["host_tensors"]
+        try:
+            return load_file(str(path))
+        except FileNotFoundError:
+            raise damaged(path, "the host tensors are missing") from None
+        except Exception as e:  # SafetensorError on truncated or corrupt files
+            raise damaged(path, f"the host tensors cannot be read ({_first_line(e)})") from None
+
+    def host_tensors(self, *names: str) -> list[np.ndarray]:
+        missing = [n for n in names if n not in self.host]
+        if missing:
+            raise damaged(self.path / self.manifest["host_tensors"], f"no {', '.join(missing)} in the host tensors")
+        for name in names:  # the small ones (scales, type rows) are where a NaN would hide; checking is cheap
+            if self.host[name].size <= 1 << 16 and not np.isfinite(np.asarray(self.host[name], np.float32)).all():
+                raise damaged(self.path / self.manifest["host_tensors"], f"host tensor {name} holds NaN or infinity")
+        return [self.host[n] for n in names]
 
     @cached_property
     def tokenizer(self):

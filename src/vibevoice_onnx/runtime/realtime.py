@@ -17,7 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import VibeVoiceError
-from ..generation import GenerationResult, LmStream, realtime_frames
+from ..generation import GenerationResult, LmStream, realtime_frames, require_finite
+from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from .bundle import Bundle
@@ -32,11 +33,9 @@ class OnnxRealtimeBackend:
     def __init__(self, bundle: Bundle):
         bundle.require_kind("realtime")
         self.bundle = bundle
-        host = bundle.host
-        self.embed = host["embed_tokens"]
-        self.types = host["tts_input_types"].astype(F32)
-        self.scale = F32(host["speech_scaling_factor"])
-        self.bias = F32(host["speech_bias_factor"])
+        self.embed, types, scale, bias = bundle.host_tensors(
+            "embed_tokens", "tts_input_types", "speech_scaling_factor", "speech_bias_factor")
+        self.types, self.scale, self.bias = types.astype(F32), F32(scale), F32(bias)
         self.max_positions = bundle.dims.tts_lm.max_positions
         self.train_steps = bundle.dims.head.train_steps
         self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
@@ -199,6 +198,8 @@ class RealtimeTTS:
 
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                noise: NoiseSource | None = None, max_frames: int | None = None) -> Speech:
+        cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
+        seed, max_frames = check_optional("seed", seed), check_optional("max_frames", max_frames)
         prompt = self.bundle.voice(voice)
         ids = encode_tts_text(self.bundle.tokenizer, text)
         if noise is None:
@@ -214,9 +215,13 @@ class RealtimeTTS:
 
     def decode(self, latents: np.ndarray) -> tuple[np.ndarray, int]:
         """Whole-sequence decode of saved latents z [frames, 64] (as `speak --save-latents` writes them)."""
-        latents = np.asarray(latents, dtype=F32)
+        latents = np.asarray(latents)
         if latents.ndim != 2 or latents.shape[1] != self.latent_size or not len(latents):
             raise VibeVoiceError(f"latents must have shape [frames, {self.latent_size}], got {list(latents.shape)}")
+        if not np.issubdtype(latents.dtype, np.floating) or not np.isfinite(latents).all():
+            raise VibeVoiceError("latents must hold finite floating-point values (this array holds NaN, infinity or non-numbers)")
+        latents = latents.astype(F32)
         decoder_input = self.backend.unscale(latents[None])
-        audio = self.bundle.session("acoustic_decoder").run(None, {"latents": decoder_input})[0]
-        return audio[0, 0], self.sample_rate
+        audio = self.bundle.session("acoustic_decoder").run(None, {"latents": decoder_input})[0][0, 0]
+        require_finite(audio, "decoded audio", f"decoding {len(latents)} frames")
+        return audio, self.sample_rate

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import VibeVoiceError
+from ..outputs import atomic_file, check_output_file
 from ..sampling import NoiseSource
 from .realtime import RealtimeTTS, Speech
 
@@ -48,41 +49,44 @@ def read_text(text: str | None, text_file: Path | None) -> str:
 
 
 class _AudioSink:
-    """Writes chunks as they come: raw PCM on stdout, or a WAV file beside the target that replaces it only
-    when generation completes, so a failed or interrupted run never leaves a truncated file in its place."""
+    """Writes chunks as they come: raw PCM on stdout, or a WAV file that replaces its target only when
+    generation completes (outputs.atomic_file), so a failed or interrupted run never leaves a truncated file."""
 
-    def __init__(self, options: SpeakOptions, sample_rate: int):
+    def __init__(self, options: SpeakOptions, sample_rate: int, outputs: ExitStack):
         self.options, self.clipped, self.file = options, 0, None
         if not options.raw:
             import soundfile as sf
 
-            target = Path(options.output)
-            self.partial = target.with_name(f".{target.name}.partial")
-            try:
-                self.file = sf.SoundFile(str(self.partial), "w", samplerate=sample_rate, channels=1,
+            partial = outputs.enter_context(atomic_file(options.output, "writing the WAV file"))
+            with self._wav_errors():
+                self.file = sf.SoundFile(str(partial), "w", samplerate=sample_rate, channels=1,
                                          subtype=WAV_SUBTYPES[options.wav_format], format="WAV")
-            except (sf.LibsndfileError, OSError) as e:
-                raise VibeVoiceError(f"{target}: cannot write the WAV file ({e})") from None
+            outputs.callback(self._close)
+
+    @contextmanager
+    def _wav_errors(self):
+        import soundfile as sf
+
+        try:
+            yield
+        except sf.LibsndfileError as e:  # libsndfile reports a full disk or a size limit as "System error"
+            raise VibeVoiceError(f"{self.options.output}: writing the WAV file failed ({e}; is the disk full?)") from None
+
+    def _close(self) -> None:
+        with self._wav_errors():
+            self.file.close()
 
     def write(self, samples: np.ndarray) -> None:
         if self.options.wav_format == "pcm16":
             self.clipped += int(np.count_nonzero(np.abs(samples) > 1.0))
             samples = np.clip(samples, -1.0, 1.0)
         if self.file is not None:
-            self.file.write(samples)
+            with self._wav_errors():
+                self.file.write(samples)
             return
         data = (np.round(samples * 32767).astype("<i2") if self.options.wav_format == "pcm16" else samples.astype("<f4"))
         sys.stdout.buffer.write(data.tobytes())
         sys.stdout.buffer.flush()
-
-    def close(self, complete: bool) -> None:
-        if self.file is None:
-            return
-        self.file.close()
-        if complete:
-            os.replace(self.partial, self.options.output)
-        else:
-            self.partial.unlink(missing_ok=True)
 
 
 def _progress(speech: Speech, final: bool = False) -> None:
@@ -98,13 +102,9 @@ def _progress(speech: Speech, final: bool = False) -> None:
 def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
     if options.seed is not None and options.noise is not None:
         raise VibeVoiceError("give either --seed or --noise, not both")
-    if options.max_frames is not None and options.max_frames < 1:
-        raise VibeVoiceError("--max-frames must be at least 1")
-    if options.steps < 1:
-        raise VibeVoiceError("--steps must be at least 1")
     for path in (None if options.raw else options.output, options.save_latents):
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise VibeVoiceError(f"{path}: its directory does not exist")
+        if path is not None:
+            check_output_file(path)
     load_start = time.perf_counter()
     tts = RealtimeTTS(bundle_dir, threads=options.threads)
     voices = tts.voices
@@ -121,20 +121,17 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
     load_seconds = time.perf_counter() - load_start
     print(f"voice {voice}, " + (f"seed {speech.seed}" if speech.seed is not None else f"noise {options.noise}"),
           file=sys.stderr, flush=True)
-    sink = _AudioSink(options, tts.sample_rate)
-    complete = False
-    try:
+    with ExitStack() as outputs:  # every file is committed together, and only if generation completes
+        sink = _AudioSink(options, tts.sample_rate, outputs)
         for chunk in speech:
             sink.write(chunk.samples)
             _progress(speech)
-        complete = True
-    finally:
-        sink.close(complete)
+        if options.save_latents is not None:
+            with open(outputs.enter_context(atomic_file(options.save_latents, "saving the latents")), "wb") as f:
+                np.save(f, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
     _progress(speech, final=True)
-    if options.save_latents is not None:
-        np.save(options.save_latents, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
     audio = speech.audio_seconds
-    summary = {
+    return {
         "voice": voice,
         "seed": speech.seed,
         "frames": speech.result.frames,
@@ -147,4 +144,3 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
         "clipped_samples": sink.clipped,
         "output": None if options.raw else str(options.output),
     }
-    return summary

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import sys
 from pathlib import Path
 
 from ..errors import VibeVoiceError
+from ..outputs import atomic_file, os_error_message, remove_stale_partials
 from ..voices import check_voice_fits, load_voice, read_upstream_preset, save_voice
 from .bundle import Bundle, voice_path
+
 
 def import_voice(bundle_dir: Path, preset: Path, name: str | None = None, force: bool = False) -> tuple[str, dict]:
     bundle = Bundle(bundle_dir)
@@ -23,17 +24,13 @@ def import_voice(bundle_dir: Path, preset: Path, name: str | None = None, force:
         raise VibeVoiceError(f"{bundle.path}: already has a voice '{name}' (choose another --name, or --force)")
     prompt = read_upstream_preset(preset)
     check_voice_fits(prompt, bundle.expected_voice_shapes(), str(preset))
-    target.parent.mkdir(exist_ok=True)
-    # Write beside the target, then rename: a failure leaves nothing behind.
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=target.parent)
-    os.close(fd)
     try:
-        save_voice(prompt, Path(tmp), {"source": preset.name, "sha256": hashlib.sha256(preset.read_bytes()).hexdigest()})
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a bundle is meant to be shared
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        target.parent.mkdir(exist_ok=True)
+    except OSError as e:
+        raise VibeVoiceError(os_error_message(e, "creating the voices folder")) from None
+    remove_stale_partials(target.parent, log=lambda m: print(m, file=sys.stderr))
+    with atomic_file(target, "writing the voice") as partial:
+        save_voice(prompt, partial, {"source": preset.name, "sha256": hashlib.sha256(preset.read_bytes()).hexdigest()})
     return name, prompt.shape_summary()
 
 
