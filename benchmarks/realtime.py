@@ -42,8 +42,8 @@ def run_phase(name: str, command: list[str], results: dict, workdir: Path) -> su
 
 REFERENCE_SPEAK = """
 import json, sys, time, numpy as np, torch
-from vibevoice_onnx.generation import GenerationResult, realtime_frames
-from vibevoice_onnx.reference.generate import TorchRealtimeBackend
+from vibevoice_onnx.generation.realtime import GenerationResult, realtime_frames
+from vibevoice_onnx.reference.realtime import TorchRealtimeBackend
 from vibevoice_onnx.reference.loading import load_realtime
 from vibevoice_onnx.runtime.bundle import Bundle
 from vibevoice_onnx.sampling import NoiseSource

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.reference.realtime import generate
 from vibevoice_onnx.reference.loading import load_realtime
 from vibevoice_onnx.reference.presets import prompt_from_text, save_upstream_preset
 from vibevoice_onnx.sampling import NoiseSource

@@ -14,7 +14,7 @@ from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acousti
     VibeVoiceAcousticTokenizerConv1dPaddingCache,
 )
 
-from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.reference.realtime import generate
 from vibevoice_onnx.reference.presets import as_voice_prompt, prompt_from_text
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import load_tokenizer

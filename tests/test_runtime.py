@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from vibevoice_onnx.cli import main
-from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.reference.realtime import generate
 from vibevoice_onnx.runtime.realtime import RealtimeTTS
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text
@@ -35,7 +35,7 @@ def test_runtime_runs_with_torch_and_transformers_blocked(tiny_bundle, tmp_path)
     script = BLOCK_TORCH + textwrap.dedent(
         f"""
         import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.runtime.speak
-        import vibevoice_onnx.runtime.voice_store, vibevoice_onnx.generation, vibevoice_onnx.voices
+        import vibevoice_onnx.runtime.voice_store, vibevoice_onnx.generation.realtime, vibevoice_onnx.voices
         from vibevoice_onnx.cli import main
         assert main(["voices", "list", {str(tiny_bundle)!r}]) == 0
         assert main(["speak", {str(tiny_bundle)!r}, "Hello.", "--seed", "1", "--max-frames", "3", "-o", {str(tmp_path / "a.wav")!r}]) == 0

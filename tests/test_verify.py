@@ -9,14 +9,16 @@ import torch
 from onnx import numpy_helper
 
 from vibevoice_onnx.cli import main
-from vibevoice_onnx.export.graphs import export_graph, realtime_graph_specs
-from vibevoice_onnx.reference.generate import generate
+from vibevoice_onnx.export.graphs import export_graph
+from vibevoice_onnx.export.realtime import graph_specs as realtime_graph_specs
+from vibevoice_onnx.reference.realtime import generate
 from vibevoice_onnx.reference.presets import as_voice_prompt, prompt_from_text
 from vibevoice_onnx.runtime.bundle import Bundle
 from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text
-from vibevoice_onnx.verify.gates import CLOSED_LOOP_TEXT, closed_loop, verify_bundle
+from vibevoice_onnx.verify.common import verify_bundle
+from vibevoice_onnx.verify.realtime import CLOSED_LOOP_TEXT, closed_loop
 
 from conftest import copy_bundle
 

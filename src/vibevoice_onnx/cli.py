@@ -62,7 +62,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify.gates import format_table, verify_bundle
+    from .verify.common import format_table, verify_bundle
 
     record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None, args.voice)
     print(json.dumps(record, indent=2) if args.json else format_table(record))

@@ -16,7 +16,6 @@ from importlib import metadata
 from pathlib import Path
 
 import onnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ..checkpoints.configs import model_dims
@@ -24,7 +23,7 @@ from ..checkpoints.files import open_checkpoint
 from ..errors import VibeVoiceError
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
-from .graphs import OPSET, export_graph, realtime_graph_specs
+from .graphs import OPSET, export_graph
 
 PRECISIONS = ("fp32",)
 DEVICES = ("cpu",)
@@ -81,22 +80,6 @@ def graph_entry(path: Path, extra: dict) -> dict:
     }
 
 
-def write_host_tensors(files, out: Path, model) -> None:
-    """Tensors the host uses directly: the text embedding (in its stored dtype), type rows, scale and bias."""
-    stored = files.tensors["model.language_model.embed_tokens.weight"]
-    with safe_open(str(files.root / stored.file), framework="numpy") as f:
-        embed = f.get_tensor(stored.name)
-    save_file(
-        {
-            "embed_tokens": embed,
-            "tts_input_types": model.tts_input_types.weight.detach().numpy(),
-            "speech_scaling_factor": model.speech_scaling_factor.numpy(),
-            "speech_bias_factor": model.speech_bias_factor.numpy(),
-        },
-        str(out / HOST_TENSORS),
-    )
-
-
 def tool_versions() -> dict:
     versions = {}
     for package in ("vibevoice-onnx", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "numpy"):
@@ -109,20 +92,29 @@ def tool_versions() -> dict:
 
 def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
     """A rebuild keeps the voices imported into the bundle it replaces, when they still fit the model."""
-    from ..runtime.bundle import Bundle, voice_path
-    from ..voices import check_voice_fits, load_voice
+    from ..runtime.bundle import Bundle
 
     if not (old_bundle / "voices").is_dir():
         return
-    expected = Bundle(new_bundle).expected_voice_shapes()
+    bundle = Bundle(new_bundle)
     for voice in sorted((old_bundle / "voices").glob("*.safetensors")):
         try:
-            check_voice_fits(load_voice(voice), expected, str(voice))
+            bundle.check_voice_file(voice)
         except VibeVoiceError as e:
             log(f"  not keeping voice {voice.stem}: {e}")
             continue
-        shutil.copyfile(voice, voice_path(new_bundle, voice.stem))
+        shutil.copyfile(voice, new_bundle / "voices" / voice.name)
         log(f"  kept voice {voice.stem} from the previous bundle")
+
+
+def _exporter(kind: str):
+    """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
+    from . import realtime
+
+    exporters = {"realtime": realtime}
+    if kind not in exporters:
+        raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {', '.join(exporters)})")
+    return exporters[kind]
 
 
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
@@ -134,21 +126,18 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     checkpoint = Path(checkpoint)
     files = open_checkpoint(checkpoint)
     dims = model_dims(files.config, str(checkpoint / "config.json"))
-    if dims.kind != "realtime":
-        raise VibeVoiceError(f"{checkpoint}: building {dims.kind} checkpoints is not supported yet (realtime only)")
+    exporter = _exporter(dims.kind)
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
 
     final = Path(out_root) / dims.kind / f"{device}_{precision}"
     started = time.perf_counter()
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    from ..reference.loading import load_realtime
-
-    model = load_realtime(checkpoint)  # strict: refuses a checkpoint that does not match before any output
+    model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
         graphs = {}
-        for spec in realtime_graph_specs(model):
+        for spec in exporter.graph_specs(model):
             graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
-        write_host_tensors(files, tmp, model)
+        save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         (tmp / "voices").mkdir()
         log("  hashing the source checkpoint")

@@ -1,4 +1,4 @@
-"""The standalone graphs of a realtime bundle: torch wrappers with flat tensor signatures, and their export.
+"""Standalone graphs: torch wrappers with flat tensor signatures, the specs every kind shares, and export.
 
 Each wrapper turns one reference component into a function of plain tensors (KV caches and conv states as
 explicit inputs/outputs), so onnxruntime can drive it from numpy. Export uses torch.onnx (dynamo).
@@ -17,7 +17,8 @@ from torch import nn
 from torch.export import Dim
 from transformers.cache_utils import DynamicCache
 
-from ..reference.modules import ConvState, RealtimeModel, conv_state_specs
+from ..checkpoints.configs import HeadDims, QwenDims
+from ..reference.modules import ConvState, conv_state_specs
 
 OPSET = 18
 EXTERNAL_DATA_BYTES = 64 * 2**20  # graphs with more weights than this keep them in a .onnx.data file
@@ -50,26 +51,34 @@ class LanguageModelGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    def __init__(self, model: RealtimeModel):
+    """Whole-sequence decode: latents [B, T, C] -> audio [B, 1, T·hop]."""
+
+    def __init__(self, decoder: nn.Module):
         super().__init__()
-        self.decoder = model.acoustic_decoder
+        self.decoder = decoder
 
     def forward(self, latents):
         return self.decoder(latents.transpose(1, 2)).audio
 
 
-class StreamingDecoderGraph(nn.Module):
-    """Decode F new frames with every conv's state passed in and returned (facts sheet 4.4)."""
+class StreamingConvGraph(nn.Module):
+    """A causal conv stack run on a chunk with every conv's state passed in and returned (facts sheet 4.4).
 
-    def __init__(self, model: RealtimeModel):
+    A decoder takes latents [1, F, C] and returns audio [1, 1, F·hop]; an encoder takes audio [1, 1, F·hop]
+    and returns latents [1, F, C]."""
+
+    def __init__(self, stack: nn.Module, decoder: bool):
         super().__init__()
-        self.decoder = model.acoustic_decoder
-        self.specs = conv_state_specs(self.decoder)
+        self.stack, self.decoder = stack, decoder
+        self.specs = conv_state_specs(stack)
 
-    def forward(self, latents, *states):
+    def forward(self, chunk, *states):
         state = ConvState({key: s for (key, _, _), s in zip(self.specs, states)})
-        audio = self.decoder(latents.transpose(1, 2), padding_cache=state).audio
-        return (audio, *[state.tensors[key] for key, _, _ in self.specs])
+        if self.decoder:
+            out = self.stack(chunk.transpose(1, 2), padding_cache=state).audio
+        else:
+            out = self.stack(chunk, padding_cache=state).latents
+        return (out, *[state.tensors[key] for key, _, _ in self.specs])
 
 
 @dataclass
@@ -85,77 +94,79 @@ class GraphSpec:
     extra: dict = field(default_factory=dict)  # manifest additions (e.g. state specs)
 
 
-def realtime_graph_specs(model: RealtimeModel) -> list[GraphSpec]:
-    dims = model.dims
-    hidden, latent = dims.lm.hidden, dims.head.latent
-    max_positions = dims.tts_lm.max_positions
-    g = torch.Generator().manual_seed(0)
+BATCH = Dim("batch", min=1, max=64)
+FRAMES = Dim("frames", min=1, max=4096)
 
-    batch = Dim("batch", min=1, max=64)
 
-    def lm_spec(name: str, lm: nn.Module, q) -> GraphSpec:
-        seq, past = Dim("sequence", min=1, max=max_positions), Dim("past_sequence", min=0, max=max_positions)
-        example_past = tuple(torch.randn(2, q.kv_heads, 5, q.head_dim, generator=g) for _ in range(2 * q.layers))
-        mask = torch.ones(2, 8, dtype=torch.long)
-        mask[1, :2] = 0
-        return GraphSpec(
-            name,
-            LanguageModelGraph(lm),
-            (torch.randn(2, 3, hidden, generator=g), mask, torch.arange(5, 8)[None].repeat(2, 1), *example_past),
-            ["inputs_embeds", "attention_mask", "position_ids", *kv_names(q.layers, "past_key_values")],
-            ["hidden_states", *kv_names(q.layers, "present")],
-            ({0: batch, 1: seq}, {0: batch, 1: Dim.AUTO}, {0: batch, 1: seq}, tuple({0: batch, 2: past} for _ in example_past)),
-        )
+def lm_spec(name: str, lm: nn.Module, q: QwenDims, generator: torch.Generator) -> GraphSpec:
+    """A Qwen2 stack with KV cache, batched rows of their own positions and mask (see LanguageModelGraph)."""
+    seq = Dim("sequence", min=1, max=q.max_positions)
+    past = Dim("past_sequence", min=0, max=q.max_positions)
+    example_past = tuple(torch.randn(2, q.kv_heads, 5, q.head_dim, generator=generator) for _ in range(2 * q.layers))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :2] = 0
+    return GraphSpec(
+        name,
+        LanguageModelGraph(lm),
+        (torch.randn(2, 3, q.hidden, generator=generator), mask, torch.arange(5, 8)[None].repeat(2, 1), *example_past),
+        ["inputs_embeds", "attention_mask", "position_ids", *kv_names(q.layers, "past_key_values")],
+        ["hidden_states", *kv_names(q.layers, "present")],
+        ({0: BATCH, 1: seq}, {0: BATCH, 1: Dim.AUTO}, {0: BATCH, 1: seq}, tuple({0: BATCH, 2: past} for _ in example_past)),
+    )
 
-    frames = Dim("frames", min=1, max=4096)
-    decoder = model.acoustic_decoder
-    state_specs = conv_state_specs(decoder)
-    states = tuple(torch.zeros(1, c, n) for _, c, n in state_specs)
+
+def head_spec(head: nn.Module, h: HeadDims, generator: torch.Generator) -> GraphSpec:
+    return GraphSpec(
+        "diffusion_head",
+        head,
+        (torch.randn(2, h.latent, generator=generator), torch.tensor([999.0, 999.0]), torch.randn(2, h.hidden, generator=generator)),
+        ["noisy_latents", "timesteps", "condition"],
+        ["velocity"],
+        ({0: BATCH}, {0: BATCH}, {0: BATCH}),
+    )
+
+
+def connector_spec(name: str, connector: nn.Module, in_dim: int, generator: torch.Generator) -> GraphSpec:
+    return GraphSpec(name, connector, (torch.randn(1, 2, in_dim, generator=generator),), ["latents"], ["embeddings"],
+                     ({0: BATCH, 1: FRAMES},))
+
+
+def state_extra(specs) -> dict:
+    return {"states": [{"name": key, "channels": c, "length": n} for key, c, n in specs]}
+
+
+def decoder_specs(decoder: nn.Module, latent: int, generator: torch.Generator, name: str = "acoustic_decoder") -> list[GraphSpec]:
+    """The whole-sequence decoder and its streaming twin (conv states as explicit inputs and outputs)."""
+    stream = StreamingConvGraph(decoder, decoder=True)
+    states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
     return [
-        lm_spec("lower_lm", model.language_model, dims.lm),
-        lm_spec("upper_lm", model.tts_language_model, dims.tts_lm),
+        GraphSpec(name, DecoderGraph(decoder), (torch.randn(1, 3, latent, generator=generator),), ["latents"], ["audio"],
+                  ({1: FRAMES},)),
         GraphSpec(
-            "diffusion_head",
-            model.diffusion_head,
-            (torch.randn(2, latent, generator=g), torch.tensor([999.0, 999.0]), torch.randn(2, hidden, generator=g)),
-            ["noisy_latents", "timesteps", "condition"],
-            ["velocity"],
-            ({0: batch}, {0: batch}, {0: batch}),
-        ),
-        GraphSpec(
-            "acoustic_connector",
-            model.acoustic_connector,
-            (torch.randn(1, 2, latent, generator=g),),
-            ["latents"],
-            ["embeddings"],
-            ({0: batch, 1: frames},),
-        ),
-        GraphSpec(
-            "eos_classifier",
-            model.eos_classifier,
-            (torch.randn(2, hidden, generator=g),),
-            ["hidden_states"],
-            ["logits"],
-            ({0: batch},),
-        ),
-        GraphSpec(
-            "acoustic_decoder",
-            DecoderGraph(model),
-            (torch.randn(1, 3, latent, generator=g),),
-            ["latents"],
-            ["audio"],
-            ({1: frames},),
-        ),
-        GraphSpec(
-            "acoustic_decoder_stream",
-            StreamingDecoderGraph(model),
-            (torch.randn(1, 2, latent, generator=g), *states),
-            ["latents", *[f"state.{key}" for key, _, _ in state_specs]],
-            ["audio", *[f"new_state.{key}" for key, _, _ in state_specs]],
-            ({1: frames}, tuple({} for _ in states)),
-            extra={"states": [{"name": key, "channels": c, "length": n} for key, c, n in state_specs]},
+            f"{name}_stream",
+            stream,
+            (torch.randn(1, 2, latent, generator=generator), *states),
+            ["latents", *[f"state.{key}" for key, _, _ in stream.specs]],
+            ["audio", *[f"new_state.{key}" for key, _, _ in stream.specs]],
+            ({1: FRAMES}, tuple({} for _ in states)),
+            extra=state_extra(stream.specs),
         ),
     ]
+
+
+def streaming_encoder_spec(name: str, encoder: nn.Module, hop: int, generator: torch.Generator) -> GraphSpec:
+    """An encoder fed whole frames of audio [1, 1, F·hop] with its conv states in and out: F latent frames."""
+    stream = StreamingConvGraph(encoder, decoder=False)
+    states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
+    return GraphSpec(
+        name,
+        stream,
+        (torch.randn(1, 1, 2 * hop, generator=generator) * 0.1, *states),
+        ["audio", *[f"state.{key}" for key, _, _ in stream.specs]],
+        ["latents", *[f"new_state.{key}" for key, _, _ in stream.specs]],
+        ({2: hop * FRAMES}, tuple({} for _ in states)),
+        extra=state_extra(stream.specs),
+    )
 
 
 def _param_bytes(module: nn.Module) -> int:

@@ -89,7 +89,7 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
 
 def load_realtime(root: Path):
     """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict)."""
-    from .modules import RealtimeModel
+    from .realtime import RealtimeModel
 
     root = Path(root)
     check_layout(root)

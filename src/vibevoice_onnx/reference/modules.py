@@ -1,19 +1,15 @@
-"""PyTorch building blocks of the reference, composed from transformers 5.23 modules.
-
-transformers has no realtime VibeVoice class, so the realtime model is composed here: two `Qwen2Model`s
-(the lower one with its final norm replaced by Identity), the native `VibeVoiceDiffusionHead`, the native
-acoustic decoder and connector, plus the small glue that is ours (EOS classifier, type embedding, scaling
-buffers) and an explicit conv-state cache for streaming decode.
-"""
+"""PyTorch building blocks of the reference, built from transformers 5.23 modules, shared by every kind:
+Qwen2 stacks, the diffusion head, the σ-VAE conv stacks, and explicit conv states for streaming."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2Model
 from transformers.cache_utils import DynamicCache
 from transformers.models.vibevoice.configuration_vibevoice import VibeVoiceDiffusionHeadConfig
-from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceDiffusionHead, VibeVoiceMultiModalProjector
+from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceDiffusionHead
 from transformers.models.vibevoice_acoustic_tokenizer.configuration_vibevoice_acoustic_tokenizer import (
     VibeVoiceAcousticTokenizerDecoderConfig,
 )
@@ -23,9 +19,13 @@ from transformers.models.vibevoice_acoustic_tokenizer.modeling_vibevoice_acousti
     VibeVoiceAcousticTokenizerDecoderModel,
 )
 
-from ..checkpoints.configs import ConvStackDims, HeadDims, ModelDims, QwenDims
+from ..checkpoints.configs import ConvStackDims, HeadDims, QwenDims
 
 ATTENTION = "sdpa"
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
 def qwen_config(q: QwenDims) -> Qwen2Config:
@@ -84,81 +84,6 @@ def acoustic_decoder(d: ConvStackDims) -> VibeVoiceAcousticTokenizerDecoderModel
         downsampling_ratios=list(reversed(d.ratios)), **_conv_stack_kwargs(d)
     )
     return VibeVoiceAcousticTokenizerDecoderModel(config)
-
-
-class EosClassifier(nn.Module):
-    """Realtime `tts_eos_classifier`: fc2(ReLU(fc1(h))) -> one logit; EOS when sigmoid > 0.5."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, hidden)
-        self.fc2 = nn.Linear(hidden, 1)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(hidden)))
-
-
-class RealtimeModel(nn.Module):
-    """VibeVoice-Realtime-0.5B: every component, callable on its own."""
-
-    TEXT, SPEECH = 1, 0  # rows of tts_input_types
-
-    def __init__(self, dims: ModelDims):
-        super().__init__()
-        self.dims = dims
-        hidden = dims.lm.hidden
-        self.language_model = qwen_model(dims.lm, final_norm=False)
-        self.tts_language_model = qwen_model(dims.tts_lm)
-        self.tts_input_types = nn.Embedding(2, hidden)
-        self.acoustic_connector = VibeVoiceMultiModalProjector(dims.acoustic_decoder.vae_dim, hidden)
-        self.diffusion_head = diffusion_head(dims.head)
-        self.acoustic_decoder = acoustic_decoder(dims.acoustic_decoder)
-        self.eos_classifier = EosClassifier(hidden)
-        # Upstream initialises these to NaN: the values must come from the checkpoint (trap 6).
-        self.register_buffer("speech_scaling_factor", torch.tensor(float("nan")))
-        self.register_buffer("speech_bias_factor", torch.tensor(float("nan")))
-
-    # -- language models -------------------------------------------------------------------------------
-    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(ids)
-
-    @staticmethod
-    def _run(lm: Qwen2Model, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        out = lm(inputs_embeds=embeds, position_ids=positions, past_key_values=cache, use_cache=True)
-        return out.last_hidden_state
-
-    def lower_step(self, embeds, positions, cache) -> torch.Tensor:
-        """4-layer text LM; returns un-normed hidden states [1, S, H] and extends `cache` in place."""
-        return self._run(self.language_model, embeds, positions, cache)
-
-    def upper_step(self, embeds, positions, cache) -> torch.Tensor:
-        """20-layer TTS LM with final norm; returns normed hidden states [1, S, H]."""
-        return self._run(self.tts_language_model, embeds, positions, cache)
-
-    def type_embedding(self, index: int) -> torch.Tensor:
-        return self.tts_input_types.weight[index]
-
-    # -- speech ----------------------------------------------------------------------------------------
-    def predict_velocity(self, noisy: torch.Tensor, timesteps: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-        return self.diffusion_head(noisy, timesteps, condition)
-
-    def connect(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.acoustic_connector(latents)
-
-    def eos_logit(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.eos_classifier(hidden)
-
-    def unscale(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised diffusion latent -> decoder input: divide by the scale first, then subtract the bias."""
-        return latents / self.speech_scaling_factor - self.speech_bias_factor
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Whole-sequence decode: decoder latents [B, T, 64] -> audio [B, 1, T*hop]."""
-        return self.acoustic_decoder(latents.transpose(1, 2)).audio
-
-    def decode_stream(self, latents: torch.Tensor, state: "ConvState") -> torch.Tensor:
-        """Decode F new frames [B, F, 64] -> audio [B, 1, F*hop], carrying `state` across calls."""
-        return self.acoustic_decoder(latents.transpose(1, 2), padding_cache=state).audio
 
 
 class ConvState:

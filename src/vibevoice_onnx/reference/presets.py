@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ..voices import VoicePrompt
-from .modules import RealtimeModel
+from .realtime import RealtimeModel
 
 PROMPT_TEXT = "Hello, this is a synthetic voice prompt.\n"
 PROMPT_SPEECH_FRAMES = 8

@@ -12,7 +12,7 @@ import numpy as np
 from ..checkpoints.configs import KINDS, ModelDims, model_dims
 from ..errors import BundleError, VibeVoiceError
 from ..options import check_optional
-from ..voices import VoicePrompt, load_voice
+from ..voices import check_voice_fits, load_voice
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -168,12 +168,23 @@ class Bundle:
         folder = self.path / VOICES
         return sorted(p.name[: -len(".safetensors")] for p in folder.glob("*.safetensors")) if folder.is_dir() else []
 
-    def voice(self, name: str) -> VoicePrompt:
+    def voice(self, name: str):
+        """A voice of the bundle: a cached prompt (realtime) or a voice sample (1.5B)."""
         path = voice_path(self.path, name)
         if not path.is_file():
             available = ", ".join(self.voices()) or "none; import one with `vibevoice-onnx voices import`"
             raise VibeVoiceError(f"{self.path}: has no voice '{name}' (available: {available})")
-        return load_voice(path)
+        return self.check_voice_file(path)
+
+    def check_voice_file(self, path: Path):
+        """Read a voice file of this bundle's kind, refusing one that does not fit the model."""
+        if self.kind == "realtime":
+            prompt = load_voice(path)
+            check_voice_fits(prompt, self.expected_voice_shapes(), str(path))
+            return prompt
+        from .audio import load_voice_sample
+
+        return load_voice_sample(path)
 
     def expected_voice_shapes(self) -> dict:
         lm, tts = self.dims.lm, self.dims.tts_lm

@@ -1,6 +1,6 @@
 """The realtime generation loop, written once and run on two backends (numpy in, numpy out, no torch).
 
-The PyTorch reference (reference/generate.py) and the onnxruntime runtime (runtime/realtime.py) each supply
+The PyTorch reference (reference/realtime.py) and the onnxruntime runtime (runtime/realtime.py) each supply
 a backend that evaluates the components; this module owns the algorithm of upstream's streaming `generate`
 (facts sheet 2.3 and 4, batch 1):
 
@@ -22,14 +22,15 @@ a backend that evaluates the components; this module owns the algorithm of upstr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 
-from .errors import VibeVoiceError
-from .sampling import DpmSolverSchedule, NoiseSource, sample_latent
-from .text import SPEECH_WINDOW, text_windows
-from .voices import VoicePrompt
+from ..errors import VibeVoiceError
+from ..sampling import DpmSolverSchedule, NoiseSource, sample_latent
+from ..text import SPEECH_WINDOW, text_windows
+from ..voices import VoicePrompt
+from .common import LmStream, require_finite
 
 TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
 
@@ -50,24 +51,6 @@ class RealtimeBackend(Protocol):
     def new_decoder_state(self) -> Any: ...
     def decode_frame(self, latent: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # unscaled [1,1,64]
     def unscale(self, latent: np.ndarray) -> np.ndarray: ...
-
-
-class LmStream:
-    """One language-model stream: its KV cache and its next position.
-
-    `run(embeds, positions, cache) -> (hidden, cache)` evaluates the model; positions continue after the
-    cached prompt, consecutively (facts sheet 2.3 bookkeeping).
-    """
-
-    def __init__(self, run: Callable, cache: Any, length: int):
-        self.run, self.cache, self.position = run, cache, length
-
-    def step(self, embeds: np.ndarray) -> np.ndarray:
-        count = embeds.shape[1]
-        positions = np.arange(self.position, self.position + count, dtype=np.int64)[None]
-        hidden, self.cache = self.run(embeds, positions, self.cache)
-        self.position += count
-        return hidden
 
 
 class GuidedStreams:
@@ -120,15 +103,6 @@ def sigmoid(x: float) -> np.float32:
         return np.float32(1) / (np.float32(1) + np.exp(-x))
     e = np.exp(x)
     return e / (np.float32(1) + e)
-
-
-def require_finite(array: np.ndarray, what: str, where: str) -> None:
-    """Stop with a sentence naming `where` (e.g. "frame 3") if `array` holds NaN or infinity."""
-    if not np.isfinite(array).all():
-        raise VibeVoiceError(
-            f"{where}: the {what} holds NaN or infinity, so it was not used or written "
-            "(the model or its options produce invalid values; `vibevoice-onnx verify` checks the bundle)"
-        )
 
 
 def realtime_frames(

@@ -1,81 +1,34 @@
-"""`vibevoice-onnx verify`: parity gates of a realtime bundle against the fp32 PyTorch reference.
+"""The gates of a realtime bundle against the fp32 PyTorch reference.
 
 Per graph on realistic inputs (LM caches from real prefills, head conditions from real LM outputs), KV
 incremental decode against a full prefill, streaming decode against whole decode, and the closed loop: the
-whole generation run by the torch-free runtime and by the reference with the same noise. A graph passes
-with cosine >= 0.99, or max|Δ| <= 1e-4 where the reference output is near silent.
+whole generation run by the torch-free runtime and by the reference with the same noise.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..errors import VibeVoiceError
-from ..outputs import atomic_file
-from ..generation import GenerationResult, eos_fires, realtime_frames
-from ..reference.generate import TorchRealtimeBackend, as_tensor, generate
-from ..reference.modules import ConvState, RealtimeModel, conv_state_specs
-from ..runtime.bundle import MANIFEST, Bundle
+from ..generation.realtime import GenerationResult, eos_fires, realtime_frames
+from ..reference.modules import ConvState, as_tensor, conv_state_specs
+from ..reference.realtime import RealtimeModel, TorchRealtimeBackend, generate
+from ..runtime.bundle import Bundle
 from ..runtime.realtime import OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from ..voices import VoicePrompt
+from .common import F32, MIN_COSINE, Gate, cache_layers, compare, cosine
 
-MIN_COSINE = 0.99
-SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
-SILENT_MAX_ABS = 1e-4
 CLOSED_LOOP_TEXT = (
     "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
     "one frame at a time."
 )
 CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first three text windows
 EOS_NOISE_FLOOR = 1e-2  # |EOS logit| below this is a decision two faithful implementations may split
-F32 = np.float32
-
-
-@dataclass
-class Gate:
-    name: str
-    cosine: float | None
-    max_abs: float
-    passed: bool
-    detail: str = ""
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    denom = np.linalg.norm(a) * np.linalg.norm(b)
-    if denom == 0:
-        return 1.0 if np.array_equal(a, b) else 0.0
-    return float(a @ b / denom)
-
-
-def compare(name: str, outputs: list, references: list, detail: str = "") -> Gate:
-    """Gate several output tensors at once: the worst cosine and the largest difference over all of them."""
-    cosines, max_abs, silent = [], 0.0, True
-    for ours, ref in zip(outputs, references):
-        ours, ref = np.asarray(ours, F32), np.asarray(ref, F32)
-        if ours.shape != ref.shape:
-            return Gate(name, None, float("inf"), False, f"shape {list(ours.shape)} != {list(ref.shape)}")
-        cosines.append(cosine(ours, ref))
-        max_abs = max(max_abs, float(np.abs(ours - ref).max()) if ours.size else 0.0)
-        silent &= float(np.sqrt(np.mean(ref.astype(np.float64) ** 2))) < SILENT_RMS
-    worst = min(cosines)
-    passed = max_abs <= SILENT_MAX_ABS if silent else worst >= MIN_COSINE
-    return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""))
-
-
-def _layers(cache: DynamicCache) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A transformers cache as (K, V) arrays per layer, copied (the cache keeps growing in place)."""
-    return [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]
 
 
 class GraphGates:
@@ -96,12 +49,12 @@ class GraphGates:
 
     def language_model(self, name: str, run, past: int, new: int) -> Gate:
         cache = self._prefilled(run, past)
-        flat_past = self.runtime.flat_cache(_layers(cache))
+        flat_past = self.runtime.flat_cache(cache_layers(cache))
         embeds = self._tokens(new)
         positions = np.arange(past, past + new, dtype=np.int64)[None]
         reference = run(as_tensor(embeds), torch.from_numpy(positions), cache).numpy()
         hidden, present = self.runtime.unbatched(name)(embeds, positions, flat_past)
-        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *self.runtime.flat_cache(_layers(cache))])
+        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *self.runtime.flat_cache(cache_layers(cache))])
 
     def incremental_equals_prefill(self, name: str, length: int = 8, prefix: int = 3) -> Gate:
         embeds = self._tokens(length)
@@ -124,8 +77,8 @@ class GraphGates:
     def batched_guidance(self) -> Gate:
         """The runtime's batch-2 CFG streams (padded, masked) against two separate reference streams."""
         positive, negative = self._prefilled(self.model.upper_step, 9), self._prefilled(self.model.upper_step, 2)
-        ours = self.runtime.guided_streams(_layers(positive), _layers(negative))
-        reference = TorchRealtimeBackend(self.model).guided_streams(_layers(positive), _layers(negative))
+        ours = self.runtime.guided_streams(cache_layers(positive), cache_layers(negative))
+        reference = TorchRealtimeBackend(self.model).guided_streams(cache_layers(positive), cache_layers(negative))
         outputs, references = [], []
         for step in range(4):  # speech, a 3-token text window (positive only), then speech again
             if step == 1:
@@ -179,7 +132,7 @@ class GraphGates:
             outputs += [ours]
             references += [reference]
         outputs += ours_state
-        references += [state.tensors[s["name"]].numpy() for s in self.runtime.states]
+        references += [state.tensors[s["name"]].numpy() for s in self.runtime.decoder.states]
         return compare("acoustic_decoder_stream (3 frames, states)", outputs, references)
 
     def stream_equals_whole(self, frames: int = 8) -> Gate:
@@ -249,27 +202,9 @@ def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None)
     return as_voice_prompt(prompt_from_text(model, bundle.tokenizer, "A voice prompt.\n")), "(computed by the reference)"
 
 
-def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
-    path = Path(checkpoint) if checkpoint else Path(bundle.manifest["source"]["path"])
-    if not (path / "config.json").is_file():
-        raise VibeVoiceError(f"{path}: checkpoint not found; pass --checkpoint with the directory this bundle was built from")
-    return path
-
-
-@torch.no_grad()
-def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str | None = None, log=None) -> dict:
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    bundle = Bundle(Path(bundle_dir))
-    bundle.require_kind("realtime")
-    checkpoint = resolve_checkpoint(bundle, checkpoint)
-    from ..checkpoints.files import open_checkpoint
-    from ..export.build import checkpoint_hash
+def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log) -> tuple[list[Gate], dict]:
     from ..reference.loading import load_realtime
 
-    files = open_checkpoint(checkpoint)
-    source_hash = checkpoint_hash(checkpoint, files)
-    if source_hash != bundle.manifest["source"]["hash"]:
-        raise VibeVoiceError(f"{checkpoint}: is not the checkpoint this bundle was built from (its hash differs)")
     model = load_realtime(checkpoint)
     runtime = OnnxRealtimeBackend(bundle)
     graphs = GraphGates(model, runtime)
@@ -286,39 +221,5 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
     prompt, voice = verification_prompt(bundle, model, voice)
     ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
     loop_gates, loop_info = closed_loop(model, runtime, prompt, ids)
-    gates += loop_gates
-    record = {
-        "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": str(checkpoint.resolve()),
-        "reference": "fp32 PyTorch (transformers modules), CPU",
-        "thresholds": {"min_cosine": MIN_COSINE, "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS,
-                       "eos_noise_floor": EOS_NOISE_FLOOR},
-        "closed_loop": {**loop_info, "voice": voice},
-        "passed": all(g.passed for g in gates),
-        "gates": [asdict(g) for g in gates],
-    }
-    manifest = dict(bundle.manifest, parity=record)
-    try:
-        with atomic_file(bundle.path / MANIFEST, "recording the results") as partial:
-            partial.write_text(json.dumps(manifest, indent=2) + "\n")
-    except VibeVoiceError as e:
-        record["not_recorded"] = str(e)
-    return record
-
-
-def format_table(record: dict) -> str:
-    rows = [("gate", "cosine", "max |Δ|", "result")]
-    for g in record["gates"]:
-        rows.append((g["name"], "-" if g["cosine"] is None else f"{g['cosine']:.6f}", f"{g['max_abs']:.2e}", "pass" if g["passed"] else "FAIL"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    for g in record["gates"]:
-        if g["detail"] and (not g["passed"] or g["name"].startswith("closed loop: per-frame EOS")):
-            lines.append(f"  {g['name']}: {g['detail']}")
-    lines.append("all gates passed" if record["passed"] else "SOME GATES FAILED")
-    if "not_recorded" in record:
-        lines.append("warning: " + record["not_recorded"])
-    return "\n".join(lines)
-
-
+    return gates + loop_gates, {"closed_loop": {**loop_info, "voice": voice},
+                                "thresholds": {"eos_noise_floor": EOS_NOISE_FLOOR}}
