@@ -82,6 +82,30 @@ def eos_early_rebuild(tiny_checkpoints, tiny_bundle, tmp_path_factory) -> tuple[
     return checkpoint, build_bundle(checkpoint, root / "onnx")
 
 
+@pytest.fixture(scope="session")
+def tiny_15b_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+    """The tiny 1.5B checkpoint built into a bundle, with a generated voice sample imported. Read-only."""
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.runtime.voice_store import import_voice
+
+    bundle = build_bundle(tiny_checkpoints["1.5b"], tmp_path_factory.mktemp("onnx15b"))
+    import_voice(bundle, write_voice_sample(tmp_path_factory.mktemp("samples") / "alice.flac"), "alice")
+    return bundle
+
+
+def write_voice_sample(path: Path, seconds: float = 2.5, rate: int = 16000, channels: int = 2, pitch: float = 180.0) -> Path:
+    """A voice-like test signal (harmonics, vibrato, breath noise) in any format soundfile writes."""
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    phase = 2 * np.pi * pitch * t + 2.0 * np.sin(2 * np.pi * 4.0 * t)
+    voice = sum(np.sin(k * phase) / k for k in range(1, 5)) * 0.2
+    noise = np.random.default_rng(int(pitch)).standard_normal((len(t), channels)) * 0.02
+    sf.write(str(path), (voice[:, None] * np.linspace(1.0, 0.6, channels)[None] + noise).astype(np.float32), rate)
+    return path
+
+
 def copy_bundle(bundle: Path, dst: Path) -> Path:
     import shutil
 

@@ -40,6 +40,7 @@ def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoin
     assert host["embed_tokens"].shape == (512, 64) and host["tts_input_types"].shape == (2, 64)
     assert np.isfinite(float(host["speech_scaling_factor"]))
     assert (tiny_bundle / "tokenizer.json").is_file()
+    assert {oct(p.stat().st_mode & 0o777) for p in tiny_bundle.iterdir() if p.is_file()} == {"0o644"}  # shareable
 
 
 def test_lm_graphs_do_not_carry_the_embedding_table(tiny_bundle):

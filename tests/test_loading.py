@@ -96,3 +96,18 @@ def test_scaling_buffers_come_from_the_checkpoint(realtime_reference, tiny_check
     w = hub_tensors(tiny_checkpoints["realtime"])
     assert float(realtime_reference.speech_scaling_factor) == float(w["model.speech_scaling_factor"])
     assert not np.isnan(float(realtime_reference.speech_bias_factor))
+
+
+@torch.no_grad()
+def test_a_compact_reference_computes_the_same_numbers(tiny_checkpoints):
+    """bf16-stored weights read as fp32 where used: exactly the fp32 reference, in less memory."""
+    from vibevoice_onnx.reference.tts15b import load_tts15b
+
+    full, compact = load_tts15b(tiny_checkpoints["1.5b"]), load_tts15b(tiny_checkpoints["1.5b"], compact=True)
+    kept = [p for p in compact.model.parameters() if p.dtype == torch.bfloat16]
+    assert kept and all(p.dtype == torch.float32 for p in full.model.parameters())
+    latents = torch.randn(1, 64, 3)
+    assert torch.equal(full.acoustic_decoder(latents).audio, compact.acoustic_decoder(latents).audio)
+    embeds = torch.randn(1, 5, 64)
+    assert torch.equal(full.language_model(inputs_embeds=embeds).last_hidden_state,
+                       compact.language_model(inputs_embeds=embeds).last_hidden_state)

@@ -74,8 +74,12 @@ def cmd_verify(args) -> int:
 def cmd_voices_import(args) -> int:
     from .runtime.voice_store import import_voice
 
-    name, summary = import_voice(Path(args.bundle), Path(args.preset), args.name, args.force)
-    print(f"imported voice '{name}': lm {summary['lm_length']} and tts_lm {summary['tts_lm_length']} cached positions")
+    name, summary = import_voice(Path(args.bundle), Path(args.source), args.name, args.force)
+    if "lm_length" in summary:
+        print(f"imported voice '{name}': lm {summary['lm_length']} and tts_lm {summary['tts_lm_length']} cached positions")
+    else:
+        print(f"imported voice '{name}': {summary['seconds']:.2f} s, {summary['frames']} frames "
+              f"(from {summary['sample_rate']} Hz, {summary['channels']} channel{'s' * (summary['channels'] > 1)})")
     return 0
 
 
@@ -88,7 +92,10 @@ def cmd_voices_list(args) -> int:
     elif not voices:
         print("no voices (import one with `vibevoice-onnx voices import BUNDLE PRESET.pt`)")
     for v in [] if args.json else voices:
-        print(f"{v['name']:<24} lm {v['lm_length']:>4}  tts_lm {v['tts_lm_length']:>4}  neg_tts_lm {v['neg_tts_lm_length']}")
+        if "lm_length" in v:
+            print(f"{v['name']:<24} lm {v['lm_length']:>4}  tts_lm {v['tts_lm_length']:>4}  neg_tts_lm {v['neg_tts_lm_length']}")
+        else:
+            print(f"{v['name']:<24} {v['seconds']:8.2f} s  {v['frames']:>5} frames  from {v.get('source', '?')}")
     return 0
 
 
@@ -98,7 +105,8 @@ def cmd_speak(args) -> int:
     if args.raw and args.output:
         raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
     options = SpeakOptions(
-        voice=args.voice, output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
+        voice=args.voice, speakers=args.speaker, voice_latents=args.voice_latents,
+        output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
         cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
         save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
         raw=args.raw, threads=args.threads,
@@ -121,12 +129,12 @@ def cmd_decode(args) -> int:
     import soundfile as sf
 
     from .outputs import atomic_file, check_output_file
-    from .runtime.realtime import RealtimeTTS
+    from .runtime.speech import open_tts
     from .sampling import read_npy
 
     check_output_file(Path(args.output))
     latents = read_npy(Path(args.latents), "latents")
-    audio, rate = RealtimeTTS(Path(args.bundle), threads=args.threads).decode(latents)
+    audio, rate = open_tts(Path(args.bundle), threads=args.threads).decode(latents)
     with atomic_file(Path(args.output), "writing the WAV file") as partial:
         try:
             sf.write(partial, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT", format="WAV")
@@ -198,28 +206,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify)
 
     voices = sub.add_parser("voices", help="import and list a bundle's voices").add_subparsers(dest="voices_command", required=True, metavar="ACTION")
-    p = voices.add_parser("import", help="convert an upstream voice preset (.pt) into the bundle's format")
+    p = voices.add_parser("import", help="add a voice: an upstream preset (.pt) to a realtime bundle, an audio sample "
+                          "(wav, flac, ogg, mp3; any rate and channels) to a 1.5B bundle")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("preset", metavar="PRESET.pt")
-    p.add_argument("--name", help="voice name (default: the preset's file name)")
+    p.add_argument("source", metavar="PRESET_OR_SAMPLE")
+    p.add_argument("--name", help="voice name (default: the file's name without extension)")
     p.add_argument("--force", action="store_true", help="replace a voice of the same name")
     p.set_defaults(func=cmd_voices_import)
-    p = voices.add_parser("list", help="show each voice with its cached prompt lengths")
+    p = voices.add_parser("list", help="show each voice: cached prompt lengths (realtime), seconds and frames (1.5B)")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_voices_list)
 
-    p = sub.add_parser("speak", help="synthesise speech with a realtime bundle (no PyTorch needed)")
+    p = sub.add_parser("speak", help="synthesise speech with a realtime or 1.5B bundle (no PyTorch needed)")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("text", nargs="?", metavar="TEXT", help="text to speak (or -f FILE, or standard input)")
+    p.add_argument("text", nargs="?", metavar="TEXT", help="text (realtime) or a script of 'Speaker N: text' lines (1.5B); "
+                   "or -f FILE, or standard input")
     p.add_argument("-f", "--file", metavar="TEXT_FILE")
-    p.add_argument("--voice", metavar="NAME", help="a voice of the bundle (default: the first)")
+    p.add_argument("--voice", metavar="NAME", help="realtime: a voice of the bundle (default: the first)")
+    p.add_argument("--speaker", action="append", metavar="N=VOICE", help="1.5B: the voice of script speaker N, a bundle "
+                   "voice or an audio file (repeat for each speaker; a lone speaker may omit N=)")
+    p.add_argument("--voice-latents", choices=["sample", "mean"], help="1.5B: draw the voice prompt's σ-VAE noise as "
+                   "upstream does (sample, default) or use the encoder mean, for reproducible runs")
     p.add_argument("-o", "--output", metavar="OUT.wav", help="WAV file to write (default speech.wav)")
     p.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16")
-    p.add_argument("--cfg-scale", type=cli_type("cfg_scale"), default=1.5, help="classifier-free guidance, 0 to 20 (default 1.5)")
-    p.add_argument("--steps", type=cli_type("steps"), default=5, help="diffusion steps per frame, 1 to 999 (default 5)")
+    p.add_argument("--cfg-scale", type=cli_type("cfg_scale"), help="classifier-free guidance, 0 to 20 (default 1.5 realtime, 1.3 1.5B)")
+    p.add_argument("--steps", type=cli_type("steps"), help="diffusion steps per latent, 1 to 999 (default 5 realtime, 10 1.5B)")
     p.add_argument("--seed", type=cli_type("seed"), help="noise seed (default: random, reported)")
-    p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is frame i's initial noise")
+    p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is the initial noise of latent i "
+                   "(1.5B: --seed may still seed the voice prompt's noise)")
     p.add_argument("--save-latents", metavar="LATENTS.npy", help="save the generated latents [frames, 64]")
     p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="stop after N frames (7.5 frames per second)")
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")

@@ -130,7 +130,7 @@ def atomic_directory(target: Path, log: Callable[[str], None] | None = None,
         yield partial
         if keep is not None and target.is_dir():
             keep(target, partial)
-        os.chmod(partial, 0o755)  # mkdtemp makes the directory private; outputs are meant to be shared
+        _share(partial)
         _swap_in(partial, target)
     except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
@@ -138,6 +138,13 @@ def atomic_directory(target: Path, log: Callable[[str], None] | None = None,
         if isinstance(e, OSError):
             raise VibeVoiceError(os_error_message(e, f"writing {target}")) from None
         raise
+
+
+def _share(folder: Path) -> None:
+    """mkdtemp makes the folder private and some writers (safetensors) make private files; outputs are shared."""
+    os.chmod(folder, 0o755)
+    for path in folder.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
 
 def _remove_created(created: list[Path]) -> None:

@@ -68,6 +68,7 @@ class ConvStackDims:
     ratios: tuple[int, ...]
     depths: tuple[int, ...]
     eps: float
+    sample_std: float = 0.0  # σ-VAE: std of the per-item noise scale (fix_std / 0.8 upstream, vae_std in HF); 0: the mean
 
     @property
     def hop(self) -> int:
@@ -191,10 +192,20 @@ def _counts(value, key: str, where: str) -> tuple[int, ...]:
     return tuple(_whole(n, key, where) for n in numbers)
 
 
-def _stack(vae_dim, n_filters, ratios, depths, eps, where: str) -> ConvStackDims:
+def _stack(vae_dim, n_filters, ratios, depths, eps, where: str, sample_std: float = 0.0) -> ConvStackDims:
     if len(depths) != len(ratios) + 1:
         raise CheckpointError(f"config.json: {where} has {len(ratios)} ratios but {len(depths)} stage depths (needs ratios + 1)")
-    return ConvStackDims(vae_dim, n_filters, ratios, depths, eps)
+    return ConvStackDims(vae_dim, n_filters, ratios, depths, eps, sample_std)
+
+
+def _upstream_sample_std(section: dict) -> float:
+    """Upstream's gaussian σ-VAE draws the noise scale per item from N(0, (fix_std / 0.8)²) (facts 1.2)."""
+    if section.get("std_dist_type") != "gaussian":
+        return 0.0
+    fix_std = section.get("fix_std", 0.5)
+    if isinstance(fix_std, bool) or not isinstance(fix_std, (int, float)) or not math.isfinite(fix_std) or fix_std < 0:
+        raise CheckpointError(f"config.json: fix_std must be a non-negative number, found {_json_type(fix_std)}")
+    return float(fix_std) / 0.8
 
 
 def _upstream_encoder(section: dict, where: str) -> ConvStackDims:
@@ -206,6 +217,7 @@ def _upstream_encoder(section: dict, where: str) -> ConvStackDims:
         depths=_counts(_need(section, "encoder_depths", where), "encoder_depths", where),
         eps=_positive(section, "layernorm_eps", where, 1e-5),
         where=where,
+        sample_std=_upstream_sample_std(section),
     )
 
 
@@ -232,6 +244,7 @@ def _hf_encoder(section: dict, where: str) -> ConvStackDims:
         depths=_counts(_need(section, "depths", where), "depths", where),
         eps=_positive(section, "rms_norm_eps", where, 1e-5),
         where=where,
+        sample_std=float(section.get("vae_std", 0.0)) if "acoustic" in where else 0.0,
     )
 
 

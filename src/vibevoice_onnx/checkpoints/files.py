@@ -37,6 +37,14 @@ class CheckpointFiles:
     def total_bytes(self) -> int:
         return sum((self.root / s).stat().st_size for s in self.shards)
 
+    def read(self, name: str):
+        """One stored tensor as a numpy array in its stored dtype (bf16 through ml_dtypes)."""
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors)
+
+        stored = self.tensors[name]
+        with safe_open(str(self.root / stored.file), framework="numpy") as f:
+            return f.get_tensor(stored.name)
+
 
 def read_json(path: Path, what: str) -> dict:
     try:

@@ -84,7 +84,30 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def write_weights(layout: Layout, out: Path, seed: int, dtype: str) -> list[str]:
+Adjust = Callable[[TensorSpec, np.ndarray], np.ndarray]
+
+
+def speaking_lm(special_ids: dict[str, int]) -> Adjust:
+    """Make a random 1.5B LM speak: with a tied head a random LM repeats its last input token, so after the
+    prompt's `<|vision_start|>` it would pick `<|vision_start|>` forever and never produce audio. The
+    `<|vision_pad|>` row becomes 1.5x the `<|vision_start|>` row (so it wins whenever start would), and both
+    connectors' output biases lean toward it (so generated speech asks for more speech). It never learned to
+    end a turn: speak caps the length with --max-frames."""
+    start, pad = special_ids["<|vision_start|>"], special_ids["<|vision_pad|>"]
+    rows: dict[str, np.ndarray] = {}
+
+    def adjust(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
+        if spec.name == "model.language_model.embed_tokens.weight":
+            value[pad] = 1.5 * value[start]
+            rows["pad"] = value[pad].copy()
+        elif spec.name in ("model.acoustic_connector.fc2.bias", "model.semantic_connector.fc2.bias"):
+            value = value + rows["pad"]
+        return value
+
+    return adjust
+
+
+def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adjust | None = None) -> list[str]:
     np_dtype = DTYPES[dtype]
     index = {spec.name: i for i, spec in enumerate(layout.tensors)}
     shards = plan_shards(layout, np.dtype(np_dtype).itemsize, SHARDS[layout.kind])
@@ -96,7 +119,8 @@ def write_weights(layout: Layout, out: Path, seed: int, dtype: str) -> list[str]
         tensors = {}
         for spec in specs:
             rng = np.random.default_rng([seed, index[spec.name]])
-            tensors[spec.name] = init_tensor(spec, rng).astype(np_dtype)
+            value = init_tensor(spec, rng)
+            tensors[spec.name] = (adjust(spec, value) if adjust else value).astype(np_dtype)
             weight_map[spec.name] = shard_name
             total += tensors[spec.name].nbytes
         _log(f"  writing {shard_name}: {len(specs)} tensors")
@@ -135,7 +159,7 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
     with atomic_directory(out, _log) as partial:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         tokenizer.save(str(partial / "tokenizer.json"))
-        write_weights(layout, partial, seed, dtype)
+        write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind == "1.5b" else None)
         if extras is not None:
             extras(partial)
     return layout

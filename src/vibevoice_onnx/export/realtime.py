@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from ..reference.realtime import RealtimeModel
 from .graphs import BATCH, GraphSpec, connector_spec, decoder_specs, head_spec, lm_spec
@@ -33,11 +32,8 @@ def graph_specs(model: RealtimeModel) -> list[GraphSpec]:
 
 def host_tensors(files, model: RealtimeModel) -> dict[str, np.ndarray]:
     """Tensors the host uses directly: the text embedding (in its stored dtype), type rows, scale and bias."""
-    stored = files.tensors["model.language_model.embed_tokens.weight"]
-    with safe_open(str(files.root / stored.file), framework="numpy") as f:
-        embed = f.get_tensor(stored.name)
     return {
-        "embed_tokens": embed,
+        "embed_tokens": files.read("model.language_model.embed_tokens.weight"),
         "tts_input_types": model.tts_input_types.weight.detach().numpy(),
         "speech_scaling_factor": model.speech_scaling_factor.numpy(),
         "speech_bias_factor": model.speech_bias_factor.numpy(),

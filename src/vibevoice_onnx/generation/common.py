@@ -1,12 +1,41 @@
-"""Pieces every generation loop shares: a language-model stream and the per-frame finiteness check."""
+"""Pieces every generation loop shares: a language-model stream, one latent sampled and decoded, and the\nper-frame finiteness check."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import VibeVoiceError
+from ..sampling import DpmSolverSchedule, NoiseSource, sample_latent
+
+
+@dataclass
+class SpeechResult:
+    """What every loop fills as it runs: the latents, their audio, and why it stopped."""
+
+    latents: list[np.ndarray] = field(default_factory=list)  # normalised diffusion outputs z, [64] each
+    chunks: list[np.ndarray] = field(default_factory=list)  # decoded audio per latent, [3200] each
+    stop_reason: str = ""
+
+    @property
+    def frames(self) -> int:
+        return len(self.latents)
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.float32)
+
+    def add(self, z: np.ndarray, chunk: np.ndarray) -> None:
+        self.latents.append(z)
+        self.chunks.append(chunk)
+
+    def reached(self, max_frames: int | None) -> bool:
+        """True (and the stop recorded) once `max_frames` latents are out."""
+        if max_frames is not None and self.frames >= max_frames:
+            self.stop_reason = "max_frames"
+        return self.stop_reason == "max_frames"
 
 
 class LmStream:
@@ -34,3 +63,19 @@ def require_finite(array: np.ndarray, what: str, where: str) -> None:
             f"{where}: the {what} holds NaN or infinity, so it was not used or written "
             "(the model or its options produce invalid values; `vibevoice-onnx verify` checks the bundle)"
         )
+
+
+def next_latent(backend, schedule: DpmSolverSchedule, noise: NoiseSource, positive: np.ndarray, negative: np.ndarray,
+                cfg_scale: float, frame: int, decoder_state) -> tuple[np.ndarray, np.ndarray, object]:
+    """Sample latent `frame` with CFG on the (positive, negative) conditions [1, H], and decode it: the normalised
+    latent z [64], its audio chunk, and the decoder's new state; NaN or infinity in either stops here."""
+
+    def guided_velocity(x: np.ndarray, t: float):
+        v = backend.velocity(np.stack([x, x]), np.full(2, t, np.float32), np.concatenate([positive, negative]))
+        return v[0], v[1]
+
+    z = sample_latent(schedule, noise(frame), guided_velocity, cfg_scale)
+    require_finite(z, "sampled latent", f"frame {frame}")
+    chunk, decoder_state = backend.decode_frame(backend.unscale(z[None, None]), decoder_state)
+    require_finite(chunk, "decoded audio", f"frame {frame}")
+    return z, chunk, decoder_state

@@ -27,10 +27,10 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 
 from ..errors import VibeVoiceError
-from ..sampling import DpmSolverSchedule, NoiseSource, sample_latent
+from ..sampling import DpmSolverSchedule, NoiseSource
 from ..text import SPEECH_WINDOW, text_windows
 from ..voices import VoicePrompt
-from .common import LmStream, require_finite
+from .common import LmStream, SpeechResult, next_latent
 
 TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
 
@@ -72,24 +72,15 @@ class GuidedStreams:
 
 
 @dataclass
-class GenerationResult:
-    latents: list[np.ndarray] = field(default_factory=list)  # normalised diffusion outputs z, [64] each
-    chunks: list[np.ndarray] = field(default_factory=list)  # decoded audio per frame, [hop] each
-    eos_logits: list[float] = field(default_factory=list)  # one per fed-back frame
-    stop_reason: str = ""  # "eos", "max_length" or "max_frames"
+class GenerationResult(SpeechResult):
+    """Stop reasons: "eos", "max_length" or "max_frames"."""
 
-    @property
-    def frames(self) -> int:
-        return len(self.latents)
+    eos_logits: list[float] = field(default_factory=list)  # one per fed-back frame
 
     @property
     def eos_frame(self) -> int | None:
         """0-based index of the first frame after which EOS fired (acted on or not), or None."""
         return next((i for i, logit in enumerate(self.eos_logits) if eos_fires(logit)), None)
-
-    @property
-    def audio(self) -> np.ndarray:
-        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.float32)
 
 
 def eos_fires(logit: float) -> bool:
@@ -127,10 +118,6 @@ def realtime_frames(
     decoder_state = backend.new_decoder_state()
     text_type, speech_type = backend.type_embedding(TEXT_TYPE), backend.type_embedding(SPEECH_TYPE)
 
-    def guided_velocity(x: np.ndarray, t: float):
-        v = backend.velocity(np.stack([x, x]), np.full(2, t, np.float32), np.concatenate([h_pos, h_neg]))
-        return v[0], v[1]
-
     windows = text_windows(text_ids)
     window_index = 0
     while True:
@@ -143,18 +130,13 @@ def realtime_frames(
             lm_hidden = lm.step(backend.embed_text(window))
             h_pos = tts.text(lm_hidden + text_type)
         for _ in range(SPEECH_WINDOW):
-            z = sample_latent(schedule, noise(result.frames), guided_velocity, cfg_scale)
-            require_finite(z, "sampled latent", f"frame {result.frames}")
-            latent = z[None, None]
-            chunk, decoder_state = backend.decode_frame(backend.unscale(latent), decoder_state)
-            require_finite(chunk, "decoded audio", f"frame {result.frames}")
-            result.latents.append(z)
-            result.chunks.append(chunk)
+            z, chunk, decoder_state = next_latent(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames,
+                                                  decoder_state)
+            result.add(z, chunk)
             yield chunk
-            if max_frames is not None and result.frames >= max_frames:
-                result.stop_reason = "max_frames"
+            if result.reached(max_frames):
                 return
-            feedback = backend.connect(latent) + speech_type
+            feedback = backend.connect(z[None, None]) + speech_type
             if tts.position + 1 > backend.max_positions:
                 result.stop_reason = "max_length"
                 return

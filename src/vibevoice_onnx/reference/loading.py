@@ -53,8 +53,36 @@ def check_layout(root: Path) -> dict:
     return report
 
 
+HALF = (torch.bfloat16, torch.float16)
+COMPACT_MIN_VALUES = 1 << 16  # compact loading keeps tensors this large in their stored half precision
+
+
+def keeps_stored_dtype(target: str, tensor: torch.Tensor) -> bool:
+    """In a compact load: large half-precision weights stay as stored; embedding tables (gathered per token,
+    and tied to the LM head) and small tensors become fp32."""
+    return tensor.dtype in HALF and tensor.numel() >= COMPACT_MIN_VALUES and not target.endswith("embed_tokens.weight")
+
+
+class _Upcast(nn.Module):
+    def forward(self, stored: torch.Tensor) -> torch.Tensor:
+        return stored.float()
+
+
+def compute_in_fp32(module: nn.Module) -> None:
+    """Every half-precision parameter reads as fp32 where a layer uses it: the math is the fp32 reference's
+    (bf16 -> fp32 is exact), the memory only the stored weights' plus one layer's fp32 copy at a time."""
+    from torch.nn.utils import parametrize
+
+    for sub in list(module.modules()):
+        for name, param in list(sub.named_parameters(recurse=False)):
+            if param.dtype in HALF:
+                parametrize.register_parametrization(sub, name, _Upcast(), unsafe=True)
+
+
 def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rename,
-              allowed_absent: tuple[str, ...] = (), dtype=torch.float32) -> None:
+              allowed_absent: tuple[str, ...] = (), dtype=torch.float32, compact: bool = False) -> None:
+    """Fill `module` strictly; `compact` keeps large half-precision weights as stored and computes with them
+    in fp32 (compute_in_fp32), for a reference that must fit beside a bundle's sessions."""
     targets = module.state_dict(keep_vars=True)
     filled: set[str] = set()
     unexpected: list[str] = []
@@ -75,7 +103,10 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
                         f"the reference expects {list(slot.shape)} for '{target}'"
                     )
                 with torch.no_grad():
-                    slot.data = tensor.to(dtype).clone() if slot.dtype.is_floating_point else tensor.clone()
+                    if compact and keeps_stored_dtype(target, tensor):
+                        slot.data = tensor.clone()
+                    else:
+                        slot.data = tensor.to(dtype).clone() if slot.dtype.is_floating_point else tensor.clone()
                 filled.add(target)
     missing = sorted(set(targets) - filled - set(allowed_absent))
     if missing or unexpected:
@@ -85,6 +116,8 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
         if unexpected:
             parts.append(f"{len(unexpected)} stored tensors with no place ({_listing(unexpected)})")
         raise CheckpointError(f"{files.root}: strict load failed: " + "; ".join(parts))
+    if compact:
+        compute_in_fp32(module)
 
 
 def load_realtime(root: Path):
@@ -103,8 +136,9 @@ def load_realtime(root: Path):
     return model.eval()
 
 
-def load_transformers_model(root: Path):
-    """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict)."""
+def load_transformers_model(root: Path, compact: bool = False):
+    """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict); see
+    load_into for `compact`."""
     root = Path(root)
     report = check_layout(root)
     files = open_checkpoint(root)
@@ -119,7 +153,7 @@ def load_transformers_model(root: Path):
         "asr": (asr_codes_to_hf, ()),
         "asr-hf": (lambda name: name, ()),
     }[report["kind"]]
-    load_into(model, files, dims.kind, rename, allowed_absent)
+    load_into(model, files, dims.kind, rename, allowed_absent, compact=compact)
     if dims.kind == "1.5b":
         model.tie_weights()
     return model.eval()

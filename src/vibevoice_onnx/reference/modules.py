@@ -107,6 +107,20 @@ class ConvState:
         return full
 
 
+class UpstreamPadding:
+    """Upstream's non-streaming padding for transformers' causal convs, passed where a padding cache goes.
+
+    Upstream pads every conv input with zeros: the causal amount on the left and, for a strided conv, on the
+    right up to a whole number of strides ("extra padding"), so N samples give ceil(N / 3200) frames.
+    transformers instead zero-pads the waveform to a multiple of 3200 once: the last frame then differs
+    (facts trap 21). A 1.5B voice prompt is encoded this way upstream.
+    """
+
+    def update(self, x: torch.Tensor, key: str, module: nn.Module) -> torch.Tensor:
+        stride = module.conv.stride[0]
+        return nn.functional.pad(x, (module.left_pad, (-x.shape[-1]) % stride))
+
+
 def state_length(module: nn.Module) -> int:
     """Past input samples a causal conv needs: its left padding; for a transposed conv (kernel k, stride s)
     only the ceil(k/s) - 1 previous frames overlap the new output (1 for VibeVoice's k = 2s), not the k - 1

@@ -133,6 +133,10 @@ class Bundle:
                 raise damaged(path, f"onnxruntime cannot load the graph ({_first_line(e)})") from None
         return self._sessions[name]
 
+    def release(self, name: str) -> None:
+        """Drop graph `name`'s session (and its weights) until it is needed again."""
+        self._sessions.pop(name, None)
+
     def graph(self, name: str) -> dict:
         return self.manifest["graphs"][name]
 
@@ -182,7 +186,7 @@ class Bundle:
             prompt = load_voice(path)
             check_voice_fits(prompt, self.expected_voice_shapes(), str(path))
             return prompt
-        from .audio import load_voice_sample
+        from ..audio import load_voice_sample
 
         return load_voice_sample(path)
 

@@ -1,7 +1,9 @@
-"""`vibevoice-onnx speak`: text in, 24 kHz audio out, streamed to a WAV file or raw PCM on stdout."""
+"""`vibevoice-onnx speak`: text (realtime) or a script (1.5B) in, 24 kHz audio out, streamed to a WAV file or raw
+PCM on stdout. The bundle's kind decides; an option of the other kind is refused."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from contextlib import ExitStack, contextmanager
@@ -13,18 +15,20 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..outputs import atomic_file, check_output_file
 from ..sampling import NoiseSource
-from .realtime import RealtimeTTS, Speech
+from .speech import Speech, open_tts
 
 WAV_SUBTYPES = {"pcm16": "PCM_16", "float32": "FLOAT"}
 
 
 @dataclass
 class SpeakOptions:
-    voice: str | None = None
+    voice: str | None = None  # realtime
+    speakers: list[str] | None = None  # 1.5B: "N=VOICE" (or "VOICE" for a script with one speaker)
+    voice_latents: str | None = None  # 1.5B: sample (upstream) or mean
     output: Path | None = None
     wav_format: str = "pcm16"
-    cfg_scale: float = 1.5
-    steps: int = 5
+    cfg_scale: float | None = None  # None: the kind's default (1.5 realtime, 1.3 1.5B)
+    steps: int | None = None  # None: the kind's default (5 realtime, 10 1.5B)
     seed: int | None = None
     noise: Path | None = None
     save_latents: Path | None = None
@@ -99,28 +103,86 @@ def _progress(speech: Speech, final: bool = False) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+KIND_DEFAULTS = {"realtime": {"cfg_scale": 1.5, "steps": 5}, "1.5b": {"cfg_scale": 1.3, "steps": 10}}
+
+
+def parse_speakers(values: list[str]) -> dict:
+    """`--speaker N=VOICE` values as {N: VOICE}; a bare VOICE is keyed None (a script with one speaker)."""
+    given: dict = {}
+    for value in values:
+        match = re.fullmatch(r"(\d+)=(.+)", value)
+        number, voice = (int(match.group(1)), match.group(2)) if match else (None, value)
+        if number in given:
+            raise VibeVoiceError(f"--speaker {value}: " + ("a voice without a number is already given" if number is None
+                                                         else f"Speaker {number} already has a voice"))
+        given[number] = voice
+    return given
+
+
+def _refuse(kind: str, options: SpeakOptions, names: dict[str, object]) -> None:
+    for flag, value in names.items():
+        if value is not None:
+            raise VibeVoiceError(f"{flag} does not apply to a {kind} bundle" + {
+                "--voice": "; give each speaker a voice with --speaker N=VOICE",
+                "--speaker": "; choose its voice with --voice",
+                "--voice-latents": " (its voices are cached prompts, not audio samples)",
+            }.get(flag, ""))
+
+
+def _noise(tts, options: SpeakOptions) -> NoiseSource | None:
+    if options.noise is None:
+        return None
+    noise = NoiseSource.from_file(options.noise, tts.latent_size)
+    if options.max_frames is not None and options.max_frames > noise.frames:
+        raise VibeVoiceError(f"{options.noise}: has {noise.frames} rows, fewer than --max-frames {options.max_frames}")
+    return noise
+
+
+def _start(tts, text: str, options: SpeakOptions):
+    """Begin the generation the bundle's kind does, refusing options that belong to the other kind."""
+    defaults = KIND_DEFAULTS[tts.kind]
+    cfg_scale = defaults["cfg_scale"] if options.cfg_scale is None else options.cfg_scale
+    steps = defaults["steps"] if options.steps is None else options.steps
+    if tts.kind == "realtime":
+        _refuse(tts.kind, options, {"--speaker": options.speakers, "--voice-latents": options.voice_latents})
+        if options.seed is not None and options.noise is not None:
+            raise VibeVoiceError("give either --seed or --noise, not both")
+        voice = options.voice or (tts.voices[0] if tts.voices else None)
+        if voice is None:
+            raise VibeVoiceError(f"{tts.bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+        speech = tts.stream(text, voice, cfg_scale=cfg_scale, steps=steps, seed=options.seed, noise=_noise(tts, options),
+                            max_frames=options.max_frames)
+        return speech, f"voice {voice}", None
+    _refuse(tts.kind, options, {"--voice": options.voice})
+    voice_latents = options.voice_latents or "sample"
+    if options.seed is not None and options.noise is not None and voice_latents == "mean":
+        raise VibeVoiceError("give either --seed or --noise with --voice-latents mean: nothing else is random")
+    if not options.speakers:
+        raise VibeVoiceError("give each speaker of the script a voice: --speaker N=VOICE (a bundle voice or an audio file)")
+    given = parse_speakers(options.speakers)
+    speech = tts.stream(text, given, cfg_scale=cfg_scale, steps=steps, seed=options.seed, noise=_noise(tts, options),
+                        voice_latents=voice_latents, max_frames=options.max_frames)
+    named = ", ".join(f"{n}={v}" if n is not None else str(v) for n, v in given.items())
+    seconds = sum(voice.seconds for voice in speech.voices)
+    preparing = (f"encoding {len(speech.voices)} voice sample{'s' * (len(speech.voices) > 1)} ({seconds:.1f} s of "
+                 f"audio) and a {speech.prompt_tokens}-token prompt before the first audio")
+    return speech, f"speakers {named}, voice latents {voice_latents}", preparing
+
+
 def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
-    if options.seed is not None and options.noise is not None:
-        raise VibeVoiceError("give either --seed or --noise, not both")
     for path in (None if options.raw else options.output, options.save_latents):
         if path is not None:
             check_output_file(path)
     load_start = time.perf_counter()
-    tts = RealtimeTTS(bundle_dir, threads=options.threads)
-    voices = tts.voices
-    voice = options.voice or (voices[0] if voices else None)
-    if voice is None:
-        raise VibeVoiceError(f"{bundle_dir}: has no voices; import one with `vibevoice-onnx voices import`")
-    noise = None
-    if options.noise is not None:
-        noise = NoiseSource.from_file(options.noise, tts.latent_size)
-        if options.max_frames is not None and options.max_frames > noise.frames:
-            raise VibeVoiceError(f"{options.noise}: has {noise.frames} rows, fewer than --max-frames {options.max_frames}")
-    speech = tts.stream(text, voice, cfg_scale=options.cfg_scale, steps=options.steps, seed=options.seed,
-                        noise=noise, max_frames=options.max_frames)
+    tts = open_tts(bundle_dir, threads=options.threads)
+    speech, described, preparing = _start(tts, text, options)
     load_seconds = time.perf_counter() - load_start
-    print(f"voice {voice}, " + (f"seed {speech.seed}" if speech.seed is not None else f"noise {options.noise}"),
-          file=sys.stderr, flush=True)
+    randomness = [f"seed {speech.seed}"] if speech.seed is not None else []
+    if options.noise is not None:
+        randomness.append(f"noise {options.noise}")
+    print(", ".join([described, *randomness]), file=sys.stderr, flush=True)
+    if preparing:
+        print(preparing, file=sys.stderr, flush=True)
     with ExitStack() as outputs:  # every file is committed together, and only if generation completes
         sink = _AudioSink(options, tts.sample_rate, outputs)
         for chunk in speech:
@@ -132,7 +194,7 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
     _progress(speech, final=True)
     audio = speech.audio_seconds
     return {
-        "voice": voice,
+        "voices": described,
         "seed": speech.seed,
         "frames": speech.result.frames,
         "stop": speech.result.stop_reason,

@@ -11,6 +11,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -18,7 +19,9 @@ from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
 from ..outputs import atomic_file
+from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import MANIFEST, Bundle
+from ..runtime.lm import OnnxLm, StreamingConv, flat_cache
 
 MIN_COSINE = 0.99
 SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
@@ -63,6 +66,91 @@ def cache_layers(cache: DynamicCache) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]
 
 
+class Probe:
+    """Realistic gate inputs: embeddings of random tokens from the model's own table, caches from prefills."""
+
+    def __init__(self, embed: Callable[[np.ndarray], np.ndarray], vocab: int, seed: int = 0):
+        self.embed, self.vocab = embed, vocab
+        self.rng = np.random.default_rng(seed)
+
+    def tokens(self, count: int) -> np.ndarray:
+        return self.embed(self.rng.integers(0, self.vocab, (1, count)))
+
+    def normal(self, *shape: int) -> np.ndarray:
+        return self.rng.standard_normal(shape).astype(F32)
+
+    def prefilled(self, lm, count: int) -> DynamicCache:
+        cache = DynamicCache()
+        lm_step(lm, self.tokens(count), np.arange(count)[None], cache)
+        return cache
+
+
+def lm_step(lm, embeds: np.ndarray, positions: np.ndarray, cache: DynamicCache) -> np.ndarray:
+    """A reference Qwen2 stack on `embeds` at `positions`, extending `cache` in place: hidden [B, S, H]."""
+    out = lm(inputs_embeds=as_tensor(embeds), position_ids=torch.from_numpy(np.asarray(positions, np.int64)),
+             past_key_values=cache, use_cache=True)
+    return out.last_hidden_state.numpy()
+
+
+def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Probe,
+             steps: tuple[tuple[int, int], ...] = ((11, 5), (16, 1))) -> list[Gate]:
+    """An LM graph against its reference on (past, new) token counts, and its own KV incremental == prefill."""
+    gates = []
+    for past, new in steps:
+        cache = probe.prefilled(lm, past)
+        flat_past = flat_cache(cache_layers(cache))
+        embeds, positions = probe.tokens(new), np.arange(past, past + new, dtype=np.int64)[None]
+        reference = lm_step(lm, embeds, positions, cache)
+        hidden, present = onnx_lm.unbatched(embeds, positions, flat_past)
+        gates.append(compare(f"{name} (past {past}, new {new})", [hidden, *present],
+                             [reference, *flat_cache(cache_layers(cache))]))
+    length, prefix = 8, 3
+    embeds = probe.tokens(length)
+    full, full_present = onnx_lm.unbatched(embeds, np.arange(length)[None], empty)
+    hidden, cache = onnx_lm.unbatched(embeds[:, :prefix], np.arange(prefix)[None], empty)
+    pieces = [hidden]
+    for i in range(prefix, length):
+        hidden, cache = onnx_lm.unbatched(embeds[:, i : i + 1], np.array([[i]]), cache)
+        pieces.append(hidden)
+    gates.append(compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
+                         [np.concatenate(pieces, axis=1), *cache], [full, *full_present]))
+    return gates
+
+
+def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe) -> Gate:
+    noisy = probe.normal(len(conditions), head.noisy_images_proj.in_features)
+    timesteps = np.linspace(999, 100, len(conditions)).round().astype(F32)
+    reference = head(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
+    return compare("diffusion_head", [velocity(noisy, timesteps, conditions)], [reference])
+
+
+def module_gate(name: str, module, run: Callable, inputs: np.ndarray) -> Gate:
+    return compare(name, [run(inputs)], [module(as_tensor(inputs)).numpy()])
+
+
+def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray) -> list[Gate]:
+    """Decoder input latents [1, T >= 8, C]: the whole-sequence graph and the streaming graph (frame by frame,
+    states included) against the reference, and the streamed frames against the whole decode."""
+    reference = decoder(as_tensor(latents[:, :6]).transpose(1, 2)).audio.numpy()
+    gates = [compare("acoustic_decoder (6 frames)", [whole(latents[:, :6])], [reference])]
+    state, ours_state, outputs, references = ConvState.zeros(conv_state_specs(decoder)), stream.new_state(), [], []
+    for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
+        ours, ours_state = stream.run(latents[:, i : i + 1], ours_state)
+        outputs.append(ours)
+        references.append(decoder(as_tensor(latents[:, i : i + 1]).transpose(1, 2), padding_cache=state).audio.numpy())
+    outputs += ours_state
+    references += [state.tensors[s["name"]].numpy() for s in stream.states]
+    gates.append(compare("acoustic_decoder_stream (3 frames, states)", outputs, references))
+    frames = latents.shape[1]
+    ours_state, pieces = stream.new_state(), []
+    for i in range(frames):
+        chunk, ours_state = stream.run(latents[:, i : i + 1], ours_state)
+        pieces.append(chunk)
+    gates.append(compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces, axis=2)],
+                         [whole(latents)]))
+    return gates
+
+
 def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
     path = Path(checkpoint) if checkpoint else Path(bundle.manifest["source"]["path"])
     if not (path / "config.json").is_file():
@@ -72,9 +160,9 @@ def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
 
 def gates_of(kind: str):
     """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
-    from . import realtime
+    from . import realtime, tts15b
 
-    modules = {"realtime": realtime}
+    modules = {"realtime": realtime, "1.5b": tts15b}
     if kind not in modules:
         raise VibeVoiceError(f"verifying {kind} bundles is not supported yet (supported: {', '.join(modules)})")
     return modules[kind]

@@ -14,14 +14,16 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..generation.realtime import GenerationResult, eos_fires, realtime_frames
-from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..reference.realtime import RealtimeModel, TorchRealtimeBackend, generate
 from ..runtime.bundle import Bundle
+from ..runtime.lm import empty_cache
 from ..runtime.realtime import OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from ..voices import VoicePrompt
-from .common import F32, MIN_COSINE, Gate, cache_layers, compare, cosine
+from .common import (
+    MIN_COSINE, Gate, Probe, cache_layers, compare, cosine, decoder_gates, head_gate, lm_gates, lm_step, module_gate,
+)
 
 CLOSED_LOOP_TEXT = (
     "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
@@ -31,118 +33,41 @@ CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first thre
 EOS_NOISE_FLOOR = 1e-2  # |EOS logit| below this is a decision two faithful implementations may split
 
 
-class GraphGates:
-    """Each graph of the bundle against the reference module it came from."""
+def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe) -> Gate:
+    """The runtime's batch-2 CFG streams (padded, masked) against two separate reference streams."""
+    positive, negative = probe.prefilled(model.tts_language_model, 9), probe.prefilled(model.tts_language_model, 2)
+    ours = runtime.guided_streams(cache_layers(positive), cache_layers(negative))
+    reference = TorchRealtimeBackend(model).guided_streams(cache_layers(positive), cache_layers(negative))
+    outputs, references = [], []
+    for step in range(4):  # speech, a 3-token text window (positive only), then speech again
+        if step == 1:
+            embeds = probe.tokens(3)
+            outputs.append(ours.text(embeds))
+            references.append(reference.text(embeds))
+        else:
+            embeds = probe.tokens(1)
+            outputs += ours.speech(embeds)
+            references += reference.speech(embeds)
+    return compare("upper_lm: batched CFG streams == separate streams", outputs, references)
 
-    def __init__(self, model: RealtimeModel, runtime: OnnxRealtimeBackend, seed: int = 0):
-        self.model, self.runtime = model, runtime
-        self.rng = np.random.default_rng(seed)
-        self.vocab = model.dims.lm.vocab
 
-    def _tokens(self, count: int) -> np.ndarray:
-        return self.model.embed_text(torch.from_numpy(self.rng.integers(0, self.vocab, (1, count)))).numpy()
-
-    def _prefilled(self, run, count: int) -> DynamicCache:
-        cache = DynamicCache()
-        run(as_tensor(self._tokens(count)), torch.arange(count)[None], cache)
-        return cache
-
-    def language_model(self, name: str, run, past: int, new: int) -> Gate:
-        cache = self._prefilled(run, past)
-        flat_past = self.runtime.flat_cache(cache_layers(cache))
-        embeds = self._tokens(new)
-        positions = np.arange(past, past + new, dtype=np.int64)[None]
-        reference = run(as_tensor(embeds), torch.from_numpy(positions), cache).numpy()
-        hidden, present = self.runtime.unbatched(name)(embeds, positions, flat_past)
-        return compare(f"{name} (past {past}, new {new})", [hidden, *present], [reference, *self.runtime.flat_cache(cache_layers(cache))])
-
-    def incremental_equals_prefill(self, name: str, length: int = 8, prefix: int = 3) -> Gate:
-        embeds = self._tokens(length)
-        run = self.runtime.unbatched(name)
-        empty = self.runtime.flat_cache(self._empty_layers(name))
-        full, full_present = run(embeds, np.arange(length)[None], empty)
-        hidden, cache = run(embeds[:, :prefix], np.arange(prefix)[None], empty)
-        pieces = [hidden]
-        for i in range(prefix, length):
-            hidden, cache = run(embeds[:, i : i + 1], np.array([[i]]), cache)
-            pieces.append(hidden)
-        return compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
-                       [np.concatenate(pieces, axis=1), *cache], [full, *full_present])
-
-    def _empty_layers(self, name: str):
-        q = self.model.dims.lm if name == "lower_lm" else self.model.dims.tts_lm
-        empty = np.zeros((1, q.kv_heads, 0, q.head_dim), F32)
-        return [(empty, empty)] * q.layers
-
-    def batched_guidance(self) -> Gate:
-        """The runtime's batch-2 CFG streams (padded, masked) against two separate reference streams."""
-        positive, negative = self._prefilled(self.model.upper_step, 9), self._prefilled(self.model.upper_step, 2)
-        ours = self.runtime.guided_streams(cache_layers(positive), cache_layers(negative))
-        reference = TorchRealtimeBackend(self.model).guided_streams(cache_layers(positive), cache_layers(negative))
-        outputs, references = [], []
-        for step in range(4):  # speech, a 3-token text window (positive only), then speech again
-            if step == 1:
-                embeds = self._tokens(3)
-                outputs.append(ours.text(embeds))
-                references.append(reference.text(embeds))
-            else:
-                embeds = self._tokens(1)
-                outputs += ours.speech(embeds)
-                references += reference.speech(embeds)
-        return compare("upper_lm: batched CFG streams == separate streams", outputs, references)
-
-    def conditions(self, count: int) -> np.ndarray:
-        cache = DynamicCache()
-        return self.model.upper_step(as_tensor(self._tokens(count)), torch.arange(count)[None], cache)[0].numpy()
-
-    def diffusion_head(self) -> Gate:
-        conditions = self.conditions(4)
-        noisy = self.rng.standard_normal((4, self.model.dims.head.latent)).astype(F32)
-        timesteps = np.array([999, 799, 400, 200], F32)
-        ours = self.runtime.velocity(noisy, timesteps, conditions)
-        reference = self.model.predict_velocity(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
-        return compare("diffusion_head", [ours], [reference])
-
-    def connector(self) -> Gate:
-        latents = self.rng.standard_normal((1, 4, self.model.dims.head.latent)).astype(F32)
-        return compare("acoustic_connector", [self.runtime.connect(latents)], [self.model.connect(as_tensor(latents)).numpy()])
-
-    def eos(self) -> Gate:
-        hidden = self.conditions(4)
-        ours = self.runtime.sessions["eos_classifier"].run(None, {"hidden_states": hidden})[0]
-        return compare("eos_classifier", [ours], [self.model.eos_logit(as_tensor(hidden)).numpy()])
-
-    def _decoder_latents(self, frames: int) -> np.ndarray:
-        z = self.rng.standard_normal((1, frames, self.model.dims.head.latent)).astype(F32)
-        return self.runtime.unscale(z)
-
-    def decoder_whole(self) -> Gate:
-        latents = self._decoder_latents(6)
-        ours = self.runtime.bundle.session("acoustic_decoder").run(None, {"latents": latents})[0]
-        return compare("acoustic_decoder (6 frames)", [ours], [self.model.decode(as_tensor(latents)).numpy()])
-
-    def decoder_stream(self) -> Gate:
-        latents = self._decoder_latents(3)
-        state = ConvState.zeros(conv_state_specs(self.model.acoustic_decoder))
-        ours_state = self.runtime.new_decoder_state()
-        outputs, references = [], []
-        for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
-            ours, ours_state = self.runtime.decode_frame(latents[:, i : i + 1], ours_state)
-            reference = self.model.decode_stream(as_tensor(latents[:, i : i + 1]), state)[0, 0].numpy()
-            outputs += [ours]
-            references += [reference]
-        outputs += ours_state
-        references += [state.tensors[s["name"]].numpy() for s in self.runtime.decoder.states]
-        return compare("acoustic_decoder_stream (3 frames, states)", outputs, references)
-
-    def stream_equals_whole(self, frames: int = 8) -> Gate:
-        latents = self._decoder_latents(frames)
-        whole = self.runtime.bundle.session("acoustic_decoder").run(None, {"latents": latents})[0][0, 0]
-        state, pieces = self.runtime.new_decoder_state(), []
-        for i in range(frames):
-            chunk, state = self.runtime.decode_frame(latents[:, i : i + 1], state)
-            pieces.append(chunk)
-        return compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces)], [whole])
+def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log) -> list[Gate]:
+    """Each graph against the reference module it came from, then the KV, streaming and batching gates."""
+    probe = Probe(lambda ids: model.embed_text(torch.from_numpy(ids)).numpy(), model.dims.lm.vocab)
+    latent = model.dims.head.latent
+    log("  per-graph gates")
+    gates = lm_gates("lower_lm", model.language_model, runtime.lms["lower_lm"], empty_cache(bundle, "lower_lm"), probe, ((7, 5),))
+    gates += lm_gates("upper_lm", model.tts_language_model, runtime.lms["upper_lm"], empty_cache(bundle, "upper_lm"), probe)
+    conditions = lm_step(model.tts_language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
+    gates.append(head_gate(model.diffusion_head, runtime.velocity, conditions, probe))
+    gates.append(module_gate("acoustic_connector", model.acoustic_connector, runtime.connect, probe.normal(1, 4, latent)))
+    eos = runtime.sessions["eos_classifier"]
+    gates.append(module_gate("eos_classifier", model.eos_classifier, lambda h: eos.run(None, {"hidden_states": h})[0], conditions))
+    whole = bundle.session("acoustic_decoder")
+    gates += decoder_gates(model.acoustic_decoder, lambda z: whole.run(None, {"latents": z})[0], runtime.decoder,
+                           runtime.unscale(probe.normal(1, 8, latent)))
+    gates.append(batched_guidance(model, runtime, probe))
+    return gates
 
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
@@ -207,16 +132,7 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log) -> tuple
 
     model = load_realtime(checkpoint)
     runtime = OnnxRealtimeBackend(bundle)
-    graphs = GraphGates(model, runtime)
-    gates = []
-    log("  per-graph gates")
-    gates.append(graphs.language_model("lower_lm", model.lower_step, past=7, new=5))
-    gates.append(graphs.language_model("upper_lm", model.upper_step, past=11, new=5))
-    gates.append(graphs.language_model("upper_lm", model.upper_step, past=16, new=1))
-    gates += [graphs.diffusion_head(), graphs.connector(), graphs.eos(), graphs.decoder_whole(), graphs.decoder_stream()]
-    log("  KV cache and streaming gates")
-    gates += [graphs.incremental_equals_prefill("lower_lm"), graphs.incremental_equals_prefill("upper_lm"),
-              graphs.batched_guidance(), graphs.stream_equals_whole()]
+    gates = graph_gates(bundle, model, runtime, log)
     log("  closed loop: the whole generation, runtime vs reference")
     prompt, voice = verification_prompt(bundle, model, voice)
     ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)

@@ -1,0 +1,149 @@
+"""The VibeVoice-1.5B reference: transformers' own VibeVoiceForConditionalGeneration, loaded strictly, and the
+shared generation loop (generation/tts15b.py) run on its modules in fp32.
+
+transformers' generate differs from upstream's original code in ways that matter here (it does not zero the
+conv states at `<|vision_end|>`, and it pads voice samples to whole frames before encoding), so the loop is
+ours and the model's modules are called one by one, upstream's way: the voice batch through the acoustic
+encoder with upstream's padding, the decoder and the semantic encoder with explicit streaming states.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.files import read_config
+from ..errors import CheckpointError
+from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
+from ..sampling import NoiseSource
+from ..script import Prompt
+from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
+
+
+class Tts15bReference:
+    """The loaded transformers model with the dims the loop needs."""
+
+    def __init__(self, model, dims: ModelDims):
+        self.model, self.dims = model.eval(), dims
+        self.parts = model.model  # language_model, audio_tower, semantic_tokenizer_encoder, connectors, head
+
+    @property
+    def language_model(self):
+        return self.parts.language_model
+
+    @property
+    def acoustic_encoder(self):
+        return self.parts.audio_tower.encoder
+
+    @property
+    def acoustic_decoder(self):
+        return self.parts.audio_tower.decoder
+
+    @property
+    def semantic_encoder(self):
+        return self.parts.semantic_tokenizer_encoder
+
+
+def load_tts15b(checkpoint: Path, compact: bool = False) -> Tts15bReference:
+    """The strict reference; `compact` keeps the large weights in their stored bf16 and computes in fp32
+    (same numbers, half the memory: verify runs it beside the bundle's sessions)."""
+    from .loading import load_transformers_model
+
+    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
+    if dims.kind != "1.5b":
+        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not 1.5b")
+    return Tts15bReference(load_transformers_model(checkpoint, compact), dims)
+
+
+class TorchGuidedLm:
+    """Both CFG streams as upstream runs them: separate batch-1 forwards, the negative one restarted with a
+    fresh cache (upstream masks its old entries, which attends to the same nothing)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self.restart_negative()
+
+    def _run(self, embeds: np.ndarray, cache: DynamicCache, start: int) -> np.ndarray:
+        positions = torch.arange(start, start + embeds.shape[1])[None]
+        out = self.lm(inputs_embeds=as_tensor(embeds), position_ids=positions, past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[:, -1].numpy()
+
+    def prefill(self, embeds):
+        self.cache, self.length = DynamicCache(), embeds.shape[1]
+        return self._run(embeds, self.cache, 0)
+
+    def positive(self, embed):
+        self.length += 1
+        return self._run(embed, self.cache, self.length - 1)
+
+    def negative(self, embed):
+        self.negative_length += 1
+        return self._run(embed, self.negative_cache, self.negative_length - 1)
+
+    def restart_negative(self):
+        self.negative_cache, self.negative_length = DynamicCache(), 0
+
+
+class TorchTts15bBackend:
+    def __init__(self, reference: Tts15bReference):
+        self.ref, parts = reference, reference.parts
+        self.parts = parts
+        self.max_positions = reference.dims.lm.max_positions
+        self.train_steps = reference.dims.head.train_steps
+        self.voice_std = reference.dims.acoustic_encoder.sample_std
+
+    def embed(self, ids):
+        return self.parts.language_model.embed_tokens(torch.tensor([list(ids)])).numpy()
+
+    def choice_logits(self, hidden, ids):
+        return (self.ref.model.lm_head.weight[ids] @ as_tensor(hidden)[0]).numpy()
+
+    def guided_lm(self):
+        return TorchGuidedLm(self.parts.language_model)
+
+    def velocity(self, noisy, timesteps, conditions):
+        return self.parts.diffusion_head(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
+
+    def encode_voices(self, audio):
+        return self.ref.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
+
+    def connect_acoustic(self, latents):
+        return self.parts.multi_modal_projector(as_tensor(latents)).numpy()
+
+    def connect_semantic(self, features):
+        return self.parts.semantic_connector(as_tensor(features)).numpy()
+
+    def scale(self, latents):
+        return ((as_tensor(latents) + self.parts.latent_bias_factor) * self.parts.latent_scaling_factor).numpy()
+
+    def unscale(self, latents):
+        return (as_tensor(latents) / self.parts.latent_scaling_factor - self.parts.latent_bias_factor).numpy()
+
+    def new_decoder_state(self):
+        return ConvState.zeros(conv_state_specs(self.ref.acoustic_decoder))
+
+    def decode_frame(self, latent, state):
+        return self.ref.acoustic_decoder(as_tensor(latent).transpose(1, 2), padding_cache=state).audio[0, 0].numpy(), state
+
+    def new_semantic_state(self):
+        return ConvState.zeros(conv_state_specs(self.ref.semantic_encoder))
+
+    def encode_semantic(self, chunk, state):
+        features = self.ref.semantic_encoder(as_tensor(chunk)[None, None], padding_cache=state).latents
+        return features.numpy(), state
+
+
+@torch.no_grad()
+def generate(reference: Tts15bReference, prompt: Prompt, voices: list[np.ndarray], ids: TokenIds, noise: NoiseSource,
+             cfg_scale: float = 1.3, steps: int = 10, max_frames: int | None = None, voice_rng=None,
+             choose=None, max_steps: int | None = None) -> LongFormResult:
+    backend = TorchTts15bBackend(reference)
+    result = LongFormResult()
+    embeds = prompt_embeddings(backend, prompt, voices, voice_rng)
+    for _ in long_form_frames(backend, embeds, ids, noise, cfg_scale, steps, max_frames, result, choose, max_steps):
+        pass
+    return result

@@ -1,0 +1,180 @@
+"""Torch-free VibeVoice-1.5B: long-form multi-speaker TTS, the shared loop on onnxruntime sessions of a bundle.
+
+    tts = LongFormTTS("onnx/1.5b/cpu_fp32")
+    script = "Speaker 1: Hello there.\\nSpeaker 2: Hi! Lovely to be here."
+    for chunk in tts.stream(script, speakers={1: "alice", 2: "samples/bob.wav"}):
+        play(chunk.samples, chunk.sample_rate)
+    audio, sample_rate = tts.create("Just one voice.", speakers="alice", seed=7)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..audio import VoiceSample, frames, voice_from_file
+from ..errors import VibeVoiceError
+from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
+from ..options import check, check_optional
+from ..sampling import NoiseSource
+from ..script import assign_voices, build_prompt, parse_script
+from .lm import BatchedGuidedStreams, OnnxLm, StreamingConv, empty_cache
+from .speech import Speech, TtsModel
+
+F32 = np.float32
+VOICE_LATENTS = ("sample", "mean")
+VOICE_NOISE_STREAM = 1 << 40  # the voice-prompt noise draws from its own stream of the seed (frames use 0, 1, ...)
+
+
+class OnnxGuidedLm:
+    """Both CFG streams of the LM in one batch-2 call per step, the negative one run speculatively.
+
+    Upstream runs the negative stream only after the positive one has picked `<|vision_pad|>`, on the same
+    input. Here every step after the prompt runs both rows at once (the weights are read once); when the pick
+    is not `<|vision_pad|>`, the negative row's new position is masked out again, which leaves it as if it had
+    never run. A `<|vision_start|>` masks the whole negative row, so its next token sits at position 0 alone.
+    """
+
+    def __init__(self, lm: OnnxLm, empty: list[np.ndarray]):
+        self.lm, self.empty = lm, empty
+        self.streams: BatchedGuidedStreams | None = None
+        self.speculated: tuple[np.ndarray, np.ndarray] | None = None  # (input, negative hidden) of the last step
+
+    def prefill(self, embeds):
+        length = embeds.shape[1]
+        hidden, present = self.lm.unbatched(embeds, np.arange(length, dtype=np.int64)[None], self.empty)
+        self.streams = BatchedGuidedStreams(self.lm, present, self.empty)
+        return hidden[:, -1]
+
+    def positive(self, embed):
+        self._drop_speculation()
+        hidden = self.streams.step(np.concatenate([embed, embed]), [1, 1])
+        self.speculated = (embed, hidden[1:2])
+        return hidden[0:1]
+
+    def negative(self, embed):
+        if self.speculated is not None and self.speculated[0] is embed:
+            hidden, self.speculated = self.speculated[1], None
+            return hidden
+        self._drop_speculation()
+        return self.streams.step(np.concatenate([np.zeros_like(embed), embed]), [0, 1])[1:2]
+
+    def restart_negative(self):
+        self._drop_speculation()
+        self.streams.restart(1)
+
+    def _drop_speculation(self):
+        if self.speculated is not None:
+            self.streams.forget(1)
+            self.speculated = None
+
+
+class OnnxTts15bBackend:
+    """Evaluates each 1.5B component with its ONNX graph; KV caches and conv states are lists of arrays."""
+
+    def __init__(self, bundle):
+        bundle.require_kind("1.5b")
+        self.bundle = bundle
+        self.embed_table, scale, bias = bundle.host_tensors("embed_tokens", "speech_scaling_factor", "speech_bias_factor")
+        self.scale_factor, self.bias_factor = F32(scale), F32(bias)
+        dims = bundle.dims
+        self.max_positions = dims.lm.max_positions
+        self.train_steps = dims.head.train_steps
+        self.voice_std = dims.acoustic_encoder.sample_std
+        self.lm = OnnxLm(bundle, "lm")
+        self.sessions = {name: bundle.session(name) for name in
+                         ("diffusion_head", "acoustic_connector", "semantic_connector", "acoustic_encoder")}
+        self.decoder = StreamingConv(bundle, "acoustic_decoder_stream")
+        self.semantic = StreamingConv(bundle, "semantic_encoder_stream")
+
+    def embed(self, ids):
+        return self.embed_table[np.asarray(ids)].astype(F32)[None]
+
+    def choice_logits(self, hidden, ids):
+        return self.embed_table[ids].astype(F32) @ hidden[0].astype(F32)
+
+    def guided_lm(self):
+        return OnnxGuidedLm(self.lm, empty_cache(self.bundle, "lm"))
+
+    def velocity(self, noisy, timesteps, conditions):
+        feeds = {"noisy_latents": noisy, "timesteps": timesteps, "condition": np.ascontiguousarray(conditions, dtype=F32)}
+        return self.sessions["diffusion_head"].run(None, feeds)[0]
+
+    def encode_voices(self, audio):
+        return self.sessions["acoustic_encoder"].run(None, {"audio": np.ascontiguousarray(audio, dtype=F32)})[0]
+
+    def connect_acoustic(self, latents):
+        return self.sessions["acoustic_connector"].run(None, {"latents": np.ascontiguousarray(latents, dtype=F32)})[0]
+
+    def connect_semantic(self, features):
+        return self.sessions["semantic_connector"].run(None, {"latents": np.ascontiguousarray(features, dtype=F32)})[0]
+
+    def scale(self, latents):
+        return ((latents + self.bias_factor) * self.scale_factor).astype(F32)
+
+    def unscale(self, latents):
+        return (latents / self.scale_factor - self.bias_factor).astype(F32)
+
+    def new_decoder_state(self):
+        return self.decoder.new_state()
+
+    def decode_frame(self, latent, state):
+        audio, state = self.decoder.run(latent, state)
+        return audio[0, 0], state
+
+    def new_semantic_state(self):
+        return self.semantic.new_state()
+
+    def encode_semantic(self, chunk, state):
+        return self.semantic.run(chunk[None, None], state)
+
+
+Speakers = dict | str | VoiceSample  # {script number: voice}, or one voice for a script with one speaker
+
+
+class LongFormTTS(TtsModel):
+    """VibeVoice-1.5B from an ONNX bundle, with onnxruntime and numpy only."""
+
+    kind = "1.5b"
+
+    def _backend(self) -> OnnxTts15bBackend:
+        return OnnxTts15bBackend(self.bundle)
+
+    def voice(self, spec: str | Path | VoiceSample) -> VoiceSample:
+        """A voice sample: one of the bundle's voices by name, an audio file, or a VoiceSample as it is."""
+        if isinstance(spec, VoiceSample):
+            return spec
+        spec = str(spec)
+        if spec in self.bundle.voices():
+            return self.bundle.voice(spec)
+        if Path(spec).is_file():
+            return voice_from_file(Path(spec))
+        available = ", ".join(self.bundle.voices()) or "none imported"
+        raise VibeVoiceError(f"'{spec}' is neither a voice of {self.bundle.path} (available: {available}) nor an audio file")
+
+    def stream(self, script: str, speakers: Speakers, cfg_scale: float = 1.3, steps: int = 10, seed: int | None = None,
+               noise: NoiseSource | None = None, voice_latents: str = "sample", max_frames: int | None = None) -> Speech:
+        cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
+        max_frames = check_optional("max_frames", max_frames)
+        if voice_latents not in VOICE_LATENTS:
+            raise VibeVoiceError(f"voice_latents must be one of {', '.join(VOICE_LATENTS)}, got '{voice_latents}'")
+        parsed = parse_script(script)
+        given = speakers if isinstance(speakers, dict) else {None: speakers}
+        voices = [self.voice(spec) for spec in assign_voices(parsed, given)]
+        prompt = build_prompt(self.bundle.tokenizer, parsed, [voice.frames for voice in voices])
+        ids = TokenIds.from_tokenizer(self.bundle.tokenizer)
+        if noise is None or voice_latents == "sample":  # the voice noise needs a seed even when `noise` is given
+            seed = self.noise_source(seed, None)[1]
+        noise, seed = self.noise_source(seed, noise)
+        rng = np.random.default_rng([seed, VOICE_NOISE_STREAM]) if voice_latents == "sample" else None
+        result = LongFormResult()
+
+        def frames() -> Iterator[np.ndarray]:  # lazily, so time to first audio includes encoding the voices
+            embeds = prompt_embeddings(self.backend, prompt, [v.samples for v in voices], rng)
+            yield from long_form_frames(self.backend, embeds, ids, noise, cfg_scale, steps, max_frames, result)
+
+        speech = Speech(frames(), result, seed, noise)
+        speech.prompt_tokens, speech.voices = len(prompt.ids), voices
+        return speech

@@ -1,0 +1,205 @@
+"""The gates of a VibeVoice-1.5B bundle against the fp32 PyTorch reference (transformers' own modules).
+
+Per graph on realistic inputs; KV incremental == prefill; the semantic encoder fed chunk by chunk == one
+pass; streamed decode == whole decode; the speculative batched CFG streams == upstream's separate streams;
+and two closed loops over a two-speaker script with mean voice latents and the same noise in both: one with
+a forced token schedule of several speech segments (so every checkpoint, whatever its LM would pick, runs
+the segment logic: negative-stream restarts, conv states zeroed), gating latents, audio and the LM's own
+picks; one free-running, gating the token sequence itself.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..audio import SAMPLE_RATE, db_normalize
+from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
+from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
+from ..reference.tts15b import TorchGuidedLm, Tts15bReference, generate
+from ..runtime.bundle import Bundle
+from ..runtime.lm import empty_cache
+from ..runtime.tts15b import OnnxTts15bBackend
+from ..sampling import NoiseSource
+from ..script import build_prompt, parse_script
+from .common import (
+    MIN_COSINE, Gate, Probe, compare, cosine, decoder_gates, head_gate, lm_gates, lm_step, module_gate,
+)
+
+CLOSED_LOOP_SCRIPT = (
+    "Speaker 1: The quick brown fox jumps over the lazy dog.\n"
+    "Speaker 2: Speech synthesis turns written text into spoken audio.\n"
+    "Speaker 1: One latent at a time, for a long conversation."
+)
+SEGMENT_LATENTS, SEGMENTS = 8, 3  # the forced schedule: three speech segments of eight latents
+FREE_STEPS = 12  # steps of the free-running loop
+CFG_SCALE, STEPS, SEED = 1.3, 10, 1234
+CHOICE_NOISE_FLOOR = 1e-2  # a top-2 logit margin below this is a pick two faithful implementations may split
+
+
+def synthetic_voices() -> list[np.ndarray]:
+    """Two deterministic voice-like signals (harmonics with vibrato and breath noise), 2.3 s and 1.7 s long:
+    neither a whole number of 3200-sample frames, so the encoder's padding is exercised."""
+    voices = []
+    for seconds, pitch, seed in ((2.3, 140.0, 1), (1.7, 210.0, 2)):
+        t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+        phase = 2 * np.pi * pitch * t + 3.0 * np.sin(2 * np.pi * 5.0 * t)
+        signal = sum(np.sin(k * phase) / k for k in range(1, 6)) * (0.6 + 0.4 * np.sin(2 * np.pi * 2.0 * t))
+        signal += 0.05 * np.random.default_rng(seed).standard_normal(len(t))
+        voices.append(db_normalize(signal.astype(np.float32)))
+    return voices
+
+
+def forced_segments(ids: TokenIds):
+    """start is in the prompt; then [pad × 8, end, start] × 3 without the last end/start, then EOS."""
+    segment = [ids.pad] * SEGMENT_LATENTS
+    schedule = ([*segment, ids.end, ids.start] * SEGMENTS)[:-2] + [ids.eos]
+    return lambda step, greedy: schedule[step] if step < len(schedule) else ids.eos
+
+
+def guided_streams_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe) -> Gate:
+    """The runtime's speculative batch-2 CFG streams against upstream's separate streams, through the cases
+    the loop meets: the negative right after the prompt, a pick that is not speech (speculation dropped),
+    a restart of the negative stream, and speech steps."""
+    ours, theirs = runtime.guided_lm(), TorchGuidedLm(reference.language_model)
+    prompt = probe.tokens(9)
+    outputs, references = [ours.prefill(prompt)], [theirs.prefill(prompt)]
+    outputs.append(ours.negative(prompt[:, -1:]))
+    references.append(theirs.negative(prompt[:, -1:]))
+    for kind in ("speech", "other", "restart", "speech", "speech"):
+        embed = probe.tokens(1)
+        if kind == "restart":
+            ours.restart_negative()
+            theirs.restart_negative()
+        outputs.append(ours.positive(embed))
+        references.append(theirs.positive(embed))
+        if kind != "other":
+            outputs.append(ours.negative(embed))
+            references.append(theirs.negative(embed))
+    return compare("lm: speculative batched CFG streams == separate streams", outputs, references)
+
+
+def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, bundle: Bundle, probe: Probe) -> list[Gate]:
+    """The acoustic encoder on a zero-padded batch of two lengths (upstream's padding), the streaming
+    semantic encoder (chunks and states) against the reference, and streamed chunks == one pass."""
+    hop = reference.dims.semantic_encoder.hop
+    audio = probe.normal(2, 1, int(2.4 * hop)) * 0.1
+    audio[1, :, int(1.7 * hop):] = 0.0  # the shorter voice of a batch, padded as upstream pads it
+    encoded = reference.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
+    gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded])]
+    chunks = probe.normal(1, 1, 4 * hop) * 0.1
+    state, ours_state = ConvState.zeros(conv_state_specs(reference.semantic_encoder)), runtime.new_semantic_state()
+    outputs, references = [], []
+    for i in range(4):
+        chunk = chunks[:, :, i * hop : (i + 1) * hop]
+        ours, ours_state = runtime.semantic.run(chunk, ours_state)
+        outputs.append(ours)
+        references.append(reference.semantic_encoder(as_tensor(chunk), padding_cache=state).latents.numpy())
+    gates.append(compare("semantic_encoder_stream (4 chunks, states)", outputs + ours_state,
+                         references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states]))
+    whole = reference.semantic_encoder(as_tensor(chunks)).latents.numpy()
+    gates.append(compare("semantic encoder: 4 streamed chunks == one pass", [np.concatenate(outputs, axis=1)], [whole]))
+    return gates
+
+
+def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log) -> list[Gate]:
+    dims, parts = reference.dims, reference.parts
+    probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
+    log("  per-graph gates")
+    gates = lm_gates("lm", parts.language_model, runtime.lm, empty_cache(bundle, "lm"), probe)
+    conditions = lm_step(parts.language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
+    gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe))
+    gates.append(module_gate("acoustic_connector", parts.multi_modal_projector, runtime.connect_acoustic,
+                             probe.normal(1, 4, dims.acoustic_encoder.vae_dim)))
+    gates.append(module_gate("semantic_connector", parts.semantic_connector, runtime.connect_semantic,
+                             probe.normal(1, 4, dims.semantic_encoder.vae_dim)))
+    gates += encoder_gates(reference, runtime, bundle, probe)
+    whole = bundle.session("acoustic_decoder")
+    gates += decoder_gates(reference.acoustic_decoder, lambda z: whole.run(None, {"latents": z})[0], runtime.decoder,
+                           runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)))
+    del whole
+    bundle.release("acoustic_decoder")  # the loop streams; the whole-sequence decoder's weights can go
+    gates.append(guided_streams_gate(reference, runtime, probe))
+    return gates
+
+
+def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult) -> Gate:
+    """The LM's own greedy pick agrees at every step where the reference's top-2 margin clears the floor."""
+    margins = [float(np.diff(np.sort(logits)[-2:])[0]) for logits in theirs.logits]
+    clear = [i for i, margin in enumerate(margins) if margin > CHOICE_NOISE_FLOOR]
+    disagree = [i for i in clear if i < len(ours.greedy) and ours.greedy[i] != theirs.greedy[i]]
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits, theirs.logits)), default=0.0)
+    passed = len(ours.greedy) == len(theirs.greedy) and not disagree
+    detail = (f"{len(clear)} of {len(margins)} steps clear of the {CHOICE_NOISE_FLOOR} margin floor, {len(disagree)} "
+              f"disagree; smallest top-2 margin {min(margins, default=math.inf):.3g}; max |Δ logit| {diff:.2e}")
+    return Gate(name, None, diff, passed, detail)
+
+
+def loop_gates(label: str, ours: LongFormResult, theirs: LongFormResult, detail: str) -> list[Gate]:
+    same_length = ours.frames == theirs.frames and len(ours.tokens) == len(theirs.tokens)
+    cosines = [cosine(a, b) for a, b in zip(ours.latents, theirs.latents)]
+    latent_diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.latents, theirs.latents)), default=0.0)
+    gates = []
+    if theirs.frames:
+        audio_cos = cosine(ours.audio, theirs.audio) if same_length else 0.0
+        audio_diff = float(np.abs(ours.audio - theirs.audio).max()) if same_length else math.inf
+        gates += [
+            Gate(f"{label}: per-latent min cosine", min(cosines), latent_diff, same_length and min(cosines) >= MIN_COSINE, detail),
+            Gate(f"{label}: audio cosine", audio_cos, audio_diff, same_length and audio_cos >= MIN_COSINE, detail),
+        ]
+    return gates
+
+
+def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend,
+                 voices: list[np.ndarray]) -> tuple[list[Gate], dict]:
+    script = parse_script(CLOSED_LOOP_SCRIPT)
+    prompt = build_prompt(bundle.tokenizer, script, [-(-len(v) // 3200) for v in voices])
+    ids = TokenIds.from_tokenizer(bundle.tokenizer)
+    noise = NoiseSource.from_seed(SEED, reference.dims.head.latent)
+    gates = []
+    for label, choose, max_steps in (("closed loop, forced segments", forced_segments(ids), None),
+                                     ("closed loop, free-running", None, FREE_STEPS)):
+        theirs = generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps)
+        ours = LongFormResult()
+        embeds = prompt_embeddings(runtime, prompt, voices, None)
+        for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, ours, choose, max_steps):
+            pass
+        detail = (f"{len(theirs.tokens)} steps, {theirs.frames} latents, two speakers, cfg {CFG_SCALE}, {STEPS} steps, "
+                  f"seed {SEED}, mean voice latents")
+        if choose is None:
+            gates.append(Gate(f"{label}: same token sequence", None, 0.0, ours.tokens == theirs.tokens,
+                              f"runtime {len(ours.tokens)} / reference {len(theirs.tokens)} tokens, {theirs.frames} latents"))
+        gates.append(picks_gate(f"{label}: the LM's picks agree", ours, theirs))
+        gates += loop_gates(label, ours, theirs, detail)
+    info = {"script": CLOSED_LOOP_SCRIPT, "prompt_tokens": len(prompt.ids), "segments": SEGMENTS,
+            "latents_per_segment": SEGMENT_LATENTS, "free_steps": FREE_STEPS, "cfg_scale": CFG_SCALE,
+            "diffusion_steps": STEPS, "seed": SEED, "voice_latents": "mean"}
+    return gates, info
+
+
+def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndarray], str]:
+    """Two voice samples: synthetic signals, or bundle voices named "A" or "A,B" (the second defaults to
+    the second synthetic signal)."""
+    synthetic = synthetic_voices()
+    if voice is None:
+        return synthetic, "(synthetic signals)"
+    names = voice.split(",")
+    chosen = [bundle.voice(name).samples for name in names[:2]]
+    return chosen + synthetic[len(chosen):], voice
+
+
+def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log) -> tuple[list[Gate], dict]:
+    from ..reference.tts15b import load_tts15b
+
+    reference = load_tts15b(checkpoint, compact=True)  # bf16-stored, fp32-computed: fits beside the sessions
+    runtime = OnnxTts15bBackend(bundle)
+    gates = graph_gates(bundle, reference, runtime, log)
+    log("  closed loops: the whole generation, runtime vs reference")
+    voices, source = verification_voices(bundle, voice)
+    loops, info = closed_loops(bundle, reference, runtime, voices)
+    return gates + loops, {"closed_loop": {**info, "voices": source},
+                                 "thresholds": {"choice_noise_floor": CHOICE_NOISE_FLOOR}}
