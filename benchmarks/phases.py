@@ -1,0 +1,70 @@
+"""What the benchmark scripts share: each phase in its own process, timed, with its peak memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "vibevoice_onnx.cli"]
+
+
+def run_phase(name: str, command: list[str], results: dict, workdir: Path) -> subprocess.CompletedProcess:
+    """Run one phase in a child process and record its wall time and peak RSS (GNU time)."""
+    log = workdir / f"{name}.time"
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", "-o", str(log), *command], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    peak = next((int(line.split()[-1]) for line in log.read_text().splitlines() if "Maximum resident" in line), 0)
+    results[name] = {"seconds": round(wall, 1), "peak_rss_gb": round(peak / 2**20, 2), "exit": proc.returncode}
+    print(f"{name}: {results[name]}", flush=True)
+    if proc.returncode:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+    return proc
+
+
+def prepare(kind: str, size: str, work: Path, checkpoint: Path, bundle: Path, voices, results: dict) -> None:
+    """Make the checkpoint (once), build, import the (name, file) voices and verify, each phase timed."""
+    if not (checkpoint / "config.json").is_file():
+        run_phase("make_checkpoint", [*CLI, "make-checkpoint", kind, str(checkpoint), "--size", size], results, work)
+    run_phase("build", [*CLI, "build", str(checkpoint), "-o", str(work / "onnx")], results, work)
+    for name, source in voices:
+        proc = run_phase(f"import_{name}", [*CLI, "voices", "import", str(bundle), str(source), "--name", name, "--force"],
+                         results, work)
+        results[f"import_{name}"]["message"] = proc.stdout.strip()
+    proc = run_phase("verify", [*CLI, "verify", str(bundle), "--json"], results, work)
+    if proc.returncode in (0, 1):
+        parity = json.loads(proc.stdout)
+        results["verify"]["passed"] = parity["passed"]
+        results["verify"]["gates"] = {g["name"]: [g["cosine"], g["max_abs"], g["passed"]] for g in parity["gates"]}
+
+
+def parse_arguments(doc: str, workdir: str, frames: int, what: str) -> argparse.Namespace:
+    """The options every benchmark takes; WORKDIR is created."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "full"], default="full")
+    parser.add_argument("--workdir", default=workdir)
+    parser.add_argument("--frames", type=int, default=frames, help=f"{what} to generate (7.5 per second)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--speak-only", action="store_true", help="reuse WORKDIR's bundle: time speak phases only")
+    args = parser.parse_args()
+    args.workdir = Path(args.workdir)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def save(results: dict, args: argparse.Namespace) -> int:
+    """Write the results (speak.json for --speak-only runs, else results.json) and print them."""
+    (args.workdir / ("speak.json" if args.speak_only else "results.json")).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def run(main) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing phase should not leave a core dump behind
+    sys.exit(main())
