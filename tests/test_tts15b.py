@@ -2,6 +2,10 @@
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -82,10 +86,15 @@ def test_a_broken_semantic_encoder_fails_its_gates_and_the_loop(tiny_15b_bundle,
 
 
 def _librosa_load(path):
-    os.environ.setdefault("NUMBA_DISABLE_JIT", "1")  # librosa's numba kernels compile for ~30 s otherwise
-    import librosa
-
-    return librosa.load(str(path), sr=24000, mono=True)[0]
+    """librosa.load(path, sr=24000, mono=True), as upstream loads audio, in a fresh interpreter: its numba
+    kernels compile for ~30 s unless JIT is off from the start, and numba must not be half-configured here."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "samples.npy"
+        code = f"import librosa, numpy; numpy.save({str(out)!r}, librosa.load({str(path)!r}, sr=24000, mono=True)[0])"
+        proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_DISABLE_JIT": "1"},
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return np.load(out)
 
 
 @pytest.mark.parametrize("fmt, rate, channels", [("flac", 16000, 2), ("ogg", 48000, 1), ("mp3", 22050, 2), ("wav", 24000, 1)])
