@@ -1,10 +1,8 @@
 """VibeVoice-1.5B end to end on a tiny synthetic checkpoint: build, verify, voices from audio, speak."""
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -85,34 +83,45 @@ def test_a_broken_semantic_encoder_fails_its_gates_and_the_loop(tiny_15b_bundle,
     assert not any(name.startswith(("lm", "diffusion_head", "acoustic_")) for name in failed)
 
 
-def _librosa_load(path):
-    """librosa.load(path, sr=24000, mono=True), as upstream loads audio, in a fresh interpreter: its numba
-    kernels compile for ~30 s unless JIT is off from the start, and numba must not be half-configured here."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "samples.npy"
-        code = f"import librosa, numpy; numpy.save({str(out)!r}, librosa.load({str(path)!r}, sr=24000, mono=True)[0])"
-        proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_DISABLE_JIT": "1"},
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        return np.load(out)
+SAMPLE_FORMATS = [("flac", 16000, 2), ("ogg", 48000, 1), ("mp3", 22050, 2), ("wav", 24000, 1)]
 
 
-@pytest.mark.parametrize("fmt, rate, channels", [("flac", 16000, 2), ("ogg", 48000, 1), ("mp3", 22050, 2), ("wav", 24000, 1)])
-def test_audio_reads_like_upstreams_librosa_load(tmp_path, fmt, rate, channels):
-    path = write_voice_sample(tmp_path / f"sample.{fmt}", rate=rate, channels=channels)
-    ours, info = read_audio(path)
+@pytest.fixture(scope="module")
+def librosa_loaded(tmp_path_factory):
+    """Each sample format (and the real speech clip) as upstream loads it, librosa.load(path, sr=24000, mono=True),
+    all in one fresh interpreter: librosa's numba kernels compile once (~30 s on a fresh install), and
+    numba must not be half-configured in this process. NUMBA_DISABLE_JIT is no way out: librosa's eager
+    vectorised kernels then fail to compile."""
+    folder = tmp_path_factory.mktemp("librosa")
+    samples = {fmt: write_voice_sample(folder / f"sample.{fmt}", rate=rate, channels=channels)
+               for fmt, rate, channels in SAMPLE_FORMATS}
+    paths = {**samples, **({"speech": SPEECH} if SPEECH.is_file() else {})}
+    code = ("import sys, librosa, numpy\n"
+            "folder, pairs = sys.argv[1], sys.argv[2:]\n"
+            "for name, path in zip(pairs[::2], pairs[1::2]):\n"
+            "    numpy.save(f'{folder}/{name}.npy', librosa.load(path, sr=24000, mono=True)[0])\n")
+    args = [str(folder)] + [str(item) for name, path in paths.items() for item in (name, path)]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return samples, {name: np.load(folder / f"{name}.npy") for name in paths}
+
+
+@pytest.mark.parametrize("fmt, rate, channels", SAMPLE_FORMATS)
+def test_audio_reads_like_upstreams_librosa_load(librosa_loaded, fmt, rate, channels):
+    samples, expected = librosa_loaded
+    ours, info = read_audio(samples[fmt])
     assert (info["sample_rate"], info["channels"]) == (rate, channels)
-    np.testing.assert_allclose(ours, _librosa_load(path), atol=1e-6)
+    np.testing.assert_allclose(ours, expected[fmt], atol=1e-6)
 
 
-def test_real_speech_at_44k_is_resampled_normalised_and_listed(tiny_15b_bundle, tmp_path, capsys):
+def test_real_speech_at_44k_is_resampled_normalised_and_listed(tiny_15b_bundle, librosa_loaded, tmp_path, capsys):
     if not SPEECH.is_file():
         pytest.skip("../shared/fixtures/audio is not available")
     bundle = copy_bundle(tiny_15b_bundle, tmp_path / "bundle")
     assert main(["voices", "import", str(bundle), str(SPEECH), "--name", "hotwords"]) == 0
     assert "imported voice 'hotwords': 17.28 s, 130 frames (from 44100 Hz, 1 channel)" in capsys.readouterr().out
     stored = Bundle(bundle).voice("hotwords").samples
-    expected = _librosa_load(SPEECH)
+    expected = librosa_loaded[1]["speech"]
     expected = expected * (10 ** (-25 / 20) / (np.sqrt(np.mean(expected**2)) + 1e-6))  # upstream's AudioNormalizer
     if np.abs(expected).max() > 1:
         expected = expected / (np.abs(expected).max() + 1e-6)
