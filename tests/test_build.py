@@ -81,10 +81,15 @@ def test_a_checkpoint_without_tokenizer_needs_one(tiny_checkpoints, tmp_path):
 
 
 def test_unsupported_requests_are_refused(tiny_checkpoints, tmp_path):
-    with pytest.raises(VibeVoiceError, match="precision 'int4' is not supported yet"):
-        build_bundle(tiny_checkpoints["realtime"], tmp_path, precision="int4")
+    with pytest.raises(VibeVoiceError, match="no int4 policy for 1.5b bundles yet"):
+        build_bundle(tiny_checkpoints["1.5b"], tmp_path, precision="int4")
+    with pytest.raises(VibeVoiceError, match="cpu_fp16 bundles are not built: fp16 is never faster"):
+        build_bundle(tiny_checkpoints["realtime"], tmp_path, precision="fp16")
+    with pytest.raises(VibeVoiceError, match="device 'tpu' is not supported"):
+        build_bundle(tiny_checkpoints["realtime"], tmp_path, device="tpu")
     with pytest.raises(VibeVoiceError, match="building asr checkpoints is not supported yet"):
         build_bundle(tiny_checkpoints["asr"], tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before any output
 
 
 def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, eos_early_rebuild):

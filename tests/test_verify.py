@@ -17,7 +17,7 @@ from vibevoice_onnx.runtime.bundle import Bundle
 from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text
-from vibevoice_onnx.verify.common import verify_bundle
+from vibevoice_onnx.verify.common import LIMITS, verify_bundle
 from vibevoice_onnx.verify.realtime import CLOSED_LOOP_TEXT, closed_loop
 
 from conftest import copy_bundle
@@ -37,7 +37,9 @@ def test_all_gates_pass_and_are_recorded_in_the_manifest(verified):
         assert any(n.startswith(graph) for n in names), graph
     assert any("prefill 3 + 5 steps" in n for n in names) and any("streamed frames == whole" in n for n in names)
     loop = [g for g in record["gates"] if g["name"].startswith("closed loop")]
-    assert len(loop) == 3 and record["closed_loop"]["frames"] >= 12 and record["closed_loop"]["voice"] == "(computed by the reference)"
+    assert {g["name"] for g in loop} == {"closed loop: per-latent min cosine", "closed loop: latent RMS ratio in [0.9, 1.1]",
+                                         "closed loop: audio cosine", "closed loop: per-frame EOS decisions agree"}
+    assert len(record["closed_loop"]["latent_cosine"]) == record["closed_loop"]["frames"] >= 12 and record["closed_loop"]["voice"] == "(computed by the reference)"
     assert all(g["cosine"] is None or g["cosine"] >= 0.99 for g in record["gates"])
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["parity"] == record
@@ -82,12 +84,14 @@ def test_closed_loop_agrees_on_an_eos_that_fires_mid_run(tiny_bundle, realtime_r
         edited = copy_bundle(tiny_bundle, tmp_path / "eos")
         eos_spec = next(s for s in realtime_graph_specs(model) if s.name == "eos_classifier")
         export_graph(eos_spec, edited, log=lambda m: None)
-        gates, info = closed_loop(model, OnnxRealtimeBackend(Bundle(edited)), prompt, ids, seed=1234, frames=30)
+        gates, info = closed_loop(model, OnnxRealtimeBackend(Bundle(edited)), prompt, ids, LIMITS["fp32"], seed=1234,
+                                  frames=30)
     finally:
         model.eos_classifier.fc2.bias.copy_(original)
     assert all(g.passed for g in gates), gates
     assert info["frames"] == 30 and info["eos_frame_reference"] == info["eos_frame_runtime"] == target
-    assert f"first fire after frame {target} (runtime) / {target} (reference)" in gates[2].detail
+    eos = next(g for g in gates if g.name == "closed loop: per-frame EOS decisions agree")
+    assert f"first fire after frame {target} (runtime) / {target} (reference)" in eos.detail
 
 
 def test_verify_judges_a_checkpoint_whose_eos_fires_at_once(eos_early_rebuild, capsys):
@@ -98,7 +102,7 @@ def test_verify_judges_a_checkpoint_whose_eos_fires_at_once(eos_early_rebuild, c
     assert record["passed"] and record["closed_loop"]["eos_frame_reference"] == 0
     assert record["closed_loop"]["eos_frame_runtime"] == 0 and record["closed_loop"]["frames"] == 18
     loop = {g["name"]: g for g in record["gates"] if g["name"].startswith("closed loop")}
-    assert loop["closed loop: per-frame latent min cosine"]["cosine"] >= 0.99
+    assert loop["closed loop: per-latent min cosine"]["cosine"] >= 0.99
     assert "17 of 17 frames clear of the" in loop["closed loop: per-frame EOS decisions agree"]["detail"]
 
 

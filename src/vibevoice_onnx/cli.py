@@ -109,7 +109,7 @@ def cmd_speak(args) -> int:
         output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
         cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
         save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
-        raw=args.raw, threads=args.threads,
+        raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
     )
     summary = speak(Path(args.bundle), read_text(args.text, Path(args.file) if args.file else None), options)
     lines = [
@@ -141,6 +141,19 @@ def cmd_decode(args) -> int:
         except sf.LibsndfileError as e:
             raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
     print(f"decoded {len(latents)} frames ({len(audio) / rate:.2f} s) into {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .runtime.bench import bench, format_report, plot
+    from .runtime.realtime import DECODE_GROUP
+
+    report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
+                   reference=Path(args.reference) if args.reference else None, threads=args.threads,
+                   decode_group=args.decode_group or DECODE_GROUP)
+    if args.plot:
+        plot(report, Path(args.plot))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
@@ -192,8 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
-    p.add_argument("--precision", default="fp32", choices=["fp32"])
-    p.add_argument("--device", default="cpu", choices=["cpu"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "fp16"],
+                   help="fp32; int8 or int4 weight-only (CPU; start from an fp32 bundle of the same checkpoint beside "
+                   "it when there is one); fp16 (GPU only)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the execution provider the bundle is for")
     p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
     p.set_defaults(func=cmd_build)
 
@@ -239,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="stop after N frames (7.5 frames per second)")
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
+    p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="realtime: after the first frame, "
+                   "decode N frames per call (the decoder's weights are read once per group; default 3)")
+    p.add_argument("--force", action="store_true", help="speak with a bundle that failed its gates or, for a "
+                   "quantized one, has not been verified")
     p.set_defaults(func=cmd_speak)
 
     p = sub.add_parser("decode", help="decode saved latents ([frames, 64] .npy) to a WAV in one pass")
@@ -248,6 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_decode)
+
+    p = sub.add_parser("bench", help="time a realtime bundle: real-time factor, first audio, per-graph cost, "
+                       "weight bytes per frame against this machine's memory bandwidth, peak memory")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("--reference", metavar="CHECKPOINT_DIR", help="also run the PyTorch reference on the same weights, "
+                   "text, voice and noise, in the same run")
+    p.add_argument("--frames", type=cli_type("max_frames"), default=48, metavar="N",
+                   help="frames to generate, whatever EOS decides (default 48 = 6.4 s)")
+    p.add_argument("--voice", metavar="NAME", help="a voice of the bundle (default: the first)")
+    p.add_argument("--threads", type=cli_type("threads"), help="intra-op threads (default: all cores)")
+    p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="frames per decoder call after "
+                   "the first (default: the runtime's)")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw when each frame's audio was ready (needs matplotlib)")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")

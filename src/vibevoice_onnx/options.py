@@ -26,6 +26,7 @@ LIMITS = {
     "steps": Limit(1, 999, True),  # 1000 training steps give at most 999 distinct inference timesteps
     "max_frames": Limit(1, None, True),
     "threads": Limit(1, 1024, True),
+    "decode_group": Limit(1, 64, True),  # realtime: frames decoded per call after the first
 }
 
 

@@ -25,8 +25,7 @@ from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
 from .graphs import OPSET, export_graph
 
-PRECISIONS = ("fp32",)
-DEVICES = ("cpu",)
+PRECISIONS = ("fp32", "int8", "int4", "fp16")
 _ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
 
 
@@ -117,37 +116,117 @@ def _exporter(kind: str):
     return exporters[kind]
 
 
+VARIANTS = {"cpu": ("fp32", "int8", "int4"), "cuda": ("fp32", "fp16")}
+
+
+def check_variant(device: str, precision: str) -> None:
+    if device not in VARIANTS:
+        raise VibeVoiceError(f"device '{device}' is not supported (available: {', '.join(VARIANTS)})")
+    if precision not in PRECISIONS:
+        raise VibeVoiceError(f"precision '{precision}' is not supported (available: {', '.join(PRECISIONS)})")
+    if precision not in VARIANTS[device]:
+        reason = {("cpu", "fp16"): "fp16 is never faster than fp32 on onnxruntime's CPU provider (measured); build it "
+                  "with --device cuda", ("cuda", "int8"): "build it for --device cpu",
+                  ("cuda", "int4"): "build it for --device cpu"}.get((device, precision), "")
+        raise VibeVoiceError(f"{device}_{precision} bundles are not built: {reason}")
+
+
+def reusable_fp32(kind_root: Path, source_hash: str) -> Path | None:
+    """A complete fp32 bundle of the same checkpoint beside the target, built by the same tools: its graphs
+    are what a fresh export would give, so quantized variants start from them instead of exporting again."""
+    from ..runtime.bundle import Bundle
+
+    for candidate in sorted(Path(kind_root).glob("*_fp32")):
+        try:
+            manifest = Bundle(candidate).manifest
+        except VibeVoiceError:
+            continue
+        same_tools = {k: manifest["tools"].get(k) for k in ("torch", "transformers", "onnx", "onnxscript")} == {
+            k: tool_versions()[k] for k in ("torch", "transformers", "onnx", "onnxscript")}
+        if manifest["source"]["hash"] == source_hash and manifest["precision"] == "fp32" and same_tools:
+            return candidate
+    return None
+
+
+def _fresh_graphs(exporter, model, files, tmp: Path) -> dict:
+    graphs = {}
+    for spec in exporter.graph_specs(model):
+        graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
+    save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
+    return graphs
+
+
+def _copied_graphs(source: Path, tmp: Path) -> dict:
+    """The fp32 sibling's graphs, host tensors and voices (a voice fits every precision of its model)."""
+    manifest = json.loads((source / MANIFEST).read_text())
+    for graph in manifest["graphs"].values():
+        for name in (graph["file"], graph.get("external_data")):
+            if name:
+                shutil.copyfile(source / name, tmp / name)
+    shutil.copyfile(source / manifest["host_tensors"], tmp / HOST_TENSORS)
+    shutil.copytree(source / "voices", tmp / "voices", ignore=shutil.ignore_patterns(".*"))
+    log(f"  kept {len(list((tmp / 'voices').glob('*.safetensors')))} voice(s) of {source}")
+    return manifest["graphs"]
+
+
+def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> None:
+    """Quantize (int8, int4) or halve (fp16) the graphs in place, as the kind's policy says; each graph's
+    manifest entry records what it became."""
+    from .precision import convert_fp16, policy, quantize_graph
+
+    schemes = policy(kind, precision)
+    for name, graph in graphs.items():
+        path = tmp / graph["file"]
+        external = graph.get("external_data") is not None
+        if precision == "fp16":
+            details = convert_fp16(path, external)
+        elif name in schemes:
+            details = quantize_graph(path, schemes[name], external)
+        else:
+            graph["precision"] = {"scheme": "fp32"}
+            continue
+        log(f"  {name}: {details['scheme']}, {details['weight_bytes_before'] / 1e6:.1f} -> "
+            f"{details['weight_bytes_after'] / 1e6:.1f} MB")
+        extra = {k: v for k, v in graph.items() if k not in ("file", "external_data", "inputs", "outputs", "precision")}
+        graphs[name] = {**graph_entry(path, extra), "precision": details}
+
+
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None) -> Path:
-    if precision not in PRECISIONS:
-        raise VibeVoiceError(f"precision '{precision}' is not supported yet (available: {', '.join(PRECISIONS)})")
-    if device not in DEVICES:
-        raise VibeVoiceError(f"device '{device}' is not supported yet (available: {', '.join(DEVICES)})")
+    check_variant(device, precision)
     checkpoint = Path(checkpoint)
     files = open_checkpoint(checkpoint)
     dims = model_dims(files.config, str(checkpoint / "config.json"))
     exporter = _exporter(dims.kind)
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
+    if precision in ("int8", "int4"):
+        from .precision import policy
+
+        policy(dims.kind, precision)  # refuses a kind without one before any work
 
     final = Path(out_root) / dims.kind / f"{device}_{precision}"
     started = time.perf_counter()
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
+    log("  hashing the source checkpoint")
+    source_hash = checkpoint_hash(checkpoint, files)
+    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" else None
+    if source is None:
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
+    else:
+        log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
-        graphs = {}
-        for spec in exporter.graph_specs(model):
-            graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
-        save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
+        graphs = _fresh_graphs(exporter, model, files, tmp) if source is None else _copied_graphs(source, tmp)
+        if precision != "fp32":
+            _convert_precision(dims.kind, precision, graphs, tmp)
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
-        (tmp / "voices").mkdir()
-        log("  hashing the source checkpoint")
+        (tmp / "voices").mkdir(exist_ok=True)
         manifest = {
             "format_version": FORMAT_VERSION,
             "model_kind": dims.kind,
             "precision": precision,
             "device": device,
             "opset": OPSET,
-            "source": {"path": str(checkpoint.resolve()), "hash": checkpoint_hash(checkpoint, files)},
+            "source": {"path": str(checkpoint.resolve()), "hash": source_hash},
             "config": files.config,
             "tokenizer": {"file": "tokenizer.json", "from": str(tokenizer_path.resolve())},
             "host_tensors": HOST_TENSORS,

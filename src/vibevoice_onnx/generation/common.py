@@ -65,10 +65,9 @@ def require_finite(array: np.ndarray, what: str, where: str) -> None:
         )
 
 
-def next_latent(backend, schedule: DpmSolverSchedule, noise: NoiseSource, positive: np.ndarray, negative: np.ndarray,
-                cfg_scale: float, frame: int, decoder_state) -> tuple[np.ndarray, np.ndarray, object]:
-    """Sample latent `frame` with CFG on the (positive, negative) conditions [1, H], and decode it: the normalised
-    latent z [64], its audio chunk, and the decoder's new state; NaN or infinity in either stops here."""
+def sample_next(backend, schedule: DpmSolverSchedule, noise: NoiseSource, positive: np.ndarray, negative: np.ndarray,
+                cfg_scale: float, frame: int) -> np.ndarray:
+    """Sample latent `frame` with CFG on the (positive, negative) conditions [1, H]: the normalised z [64]."""
 
     def guided_velocity(x: np.ndarray, t: float):
         v = backend.velocity(np.stack([x, x]), np.full(2, t, np.float32), np.concatenate([positive, negative]))
@@ -76,6 +75,12 @@ def next_latent(backend, schedule: DpmSolverSchedule, noise: NoiseSource, positi
 
     z = sample_latent(schedule, noise(frame), guided_velocity, cfg_scale)
     require_finite(z, "sampled latent", f"frame {frame}")
-    chunk, decoder_state = backend.decode_frame(backend.unscale(z[None, None]), decoder_state)
-    require_finite(chunk, "decoded audio", f"frame {frame}")
-    return z, chunk, decoder_state
+    return z
+
+
+def decode_latents(backend, latents: list[np.ndarray], state, first_frame: int) -> tuple[list[np.ndarray], object]:
+    """Stream-decode consecutive latents in one call (the decoder's weights are read once): a chunk per latent."""
+    audio, state = backend.decode_frames(backend.unscale(np.stack(latents)[None]), state)
+    where = f"frame {first_frame}" if len(latents) == 1 else f"frames {first_frame}-{first_frame + len(latents) - 1}"
+    require_finite(audio, "decoded audio", where)
+    return np.split(audio, len(latents)), state

@@ -30,7 +30,7 @@ from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..text import SPEECH_WINDOW, text_windows
 from ..voices import VoicePrompt
-from .common import LmStream, SpeechResult, next_latent
+from .common import LmStream, SpeechResult, decode_latents, sample_next
 
 TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
 
@@ -49,7 +49,7 @@ class RealtimeBackend(Protocol):
     def connect(self, latent: np.ndarray) -> np.ndarray: ...  # [1, 1, 64] -> [1, 1, H]
     def eos_logit(self, hidden: np.ndarray) -> float: ...  # [1, H]
     def new_decoder_state(self) -> Any: ...
-    def decode_frame(self, latent: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # unscaled [1,1,64]
+    def decode_frames(self, latents: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # unscaled [1, F, 64] -> [F·3200]
     def unscale(self, latent: np.ndarray) -> np.ndarray: ...
 
 
@@ -96,6 +96,32 @@ def sigmoid(x: float) -> np.float32:
     return e / (np.float32(1) + e)
 
 
+class FrameDecoder:
+    """Decodes latents as the loop makes them: the first frame alone (for early first audio), the later ones
+    in groups of `group` through the streaming decoder, whose weights are then read once per group; streamed
+    decoding in groups gives the same audio as frame by frame (gated by verify)."""
+
+    def __init__(self, backend: RealtimeBackend, result: GenerationResult, group: int):
+        if group < 1:
+            raise VibeVoiceError(f"decode group must be at least 1, got {group}")
+        self.backend, self.result, self.group = backend, result, group
+        self.state, self.pending = backend.new_decoder_state(), []
+
+    def add(self, z: np.ndarray) -> list[np.ndarray]:
+        self.result.latents.append(z)
+        self.pending.append(z)
+        return self.flush() if len(self.result.latents) == 1 or len(self.pending) >= self.group else []
+
+    def flush(self) -> list[np.ndarray]:
+        if not self.pending:
+            return []
+        first = len(self.result.chunks)
+        chunks, self.state = decode_latents(self.backend, self.pending, self.state, first)
+        self.result.chunks += chunks
+        self.pending = []
+        return chunks
+
+
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
@@ -106,8 +132,19 @@ def realtime_frames(
     max_frames: int | None,
     result: GenerationResult,
     stop_on_eos: bool = True,
+    decode_group: int = 1,
 ) -> Iterator[np.ndarray]:
-    """Yield each frame's audio chunk as soon as it is decoded, filling `result` as it goes."""
+    """Yield audio chunks (one per frame) as they are decoded, filling `result` as it goes; see FrameDecoder
+    for `decode_group`."""
+    decoder = FrameDecoder(backend, result, decode_group)
+    for z in _latents(backend, prompt, text_ids, noise, cfg_scale, steps, max_frames, result, stop_on_eos):
+        yield from decoder.add(z)
+    yield from decoder.flush()
+
+
+def _latents(backend: RealtimeBackend, prompt: VoicePrompt, text_ids: list[int], noise: NoiseSource, cfg_scale: float,
+             steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool) -> Iterator[np.ndarray]:
+    """The latents z in order; the caller records each before the next is made."""
     if max_frames is not None and max_frames < 1:
         raise VibeVoiceError(f"max_frames must be at least 1, got {max_frames}")
     schedule = DpmSolverSchedule.create(steps, backend.train_steps)
@@ -115,7 +152,6 @@ def realtime_frames(
     tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm)
     h_pos = np.asarray(prompt.tts_condition, np.float32)[None]
     h_neg = np.asarray(prompt.neg_condition, np.float32)[None]
-    decoder_state = backend.new_decoder_state()
     text_type, speech_type = backend.type_embedding(TEXT_TYPE), backend.type_embedding(SPEECH_TYPE)
 
     windows = text_windows(text_ids)
@@ -130,10 +166,8 @@ def realtime_frames(
             lm_hidden = lm.step(backend.embed_text(window))
             h_pos = tts.text(lm_hidden + text_type)
         for _ in range(SPEECH_WINDOW):
-            z, chunk, decoder_state = next_latent(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames,
-                                                  decoder_state)
-            result.add(z, chunk)
-            yield chunk
+            z = sample_next(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames)
+            yield z
             if result.reached(max_frames):
                 return
             feedback = backend.connect(z[None, None]) + speech_type

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..script import SPEECH_END, SPEECH_PAD, SPEECH_START, Prompt
-from .common import SpeechResult, next_latent
+from .common import SpeechResult, decode_latents, sample_next
 
 EOS = "<|endoftext|>"
 MAX_LENGTH_TIMES = 2  # upstream stops after twice the prompt's length in steps
@@ -82,7 +82,7 @@ class Tts15bBackend(Protocol):
     def scale(self, latents: np.ndarray) -> np.ndarray: ...  # encoder latents -> LM space: (x + bias) * scale
     def unscale(self, latents: np.ndarray) -> np.ndarray: ...  # LM space -> decoder input: x / scale - bias
     def new_decoder_state(self) -> Any: ...
-    def decode_frame(self, latent: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # [1, 1, 64] -> [3200]
+    def decode_frames(self, latents: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # [1, F, 64] -> [F·3200]
     def new_semantic_state(self) -> Any: ...
     def encode_semantic(self, chunk: np.ndarray, state: Any) -> tuple[np.ndarray, Any]: ...  # [3200] -> [1, 1, 128]
 
@@ -177,8 +177,8 @@ def long_form_frames(
         if token != ids.pad:
             last_input = backend.embed([token])
             continue
-        z, chunk, decoder_state = next_latent(backend, schedule, noise, hidden, lm.negative(last_input), cfg_scale,
-                                              result.frames, decoder_state)
+        z = sample_next(backend, schedule, noise, hidden, lm.negative(last_input), cfg_scale, result.frames)
+        (chunk,), decoder_state = decode_latents(backend, [z], decoder_state, result.frames)
         result.add(z, chunk)
         yield chunk
         if result.reached(max_frames):

@@ -135,7 +135,7 @@ class TorchRealtimeBackend:
     def new_decoder_state(self):
         return ConvState.zeros(conv_state_specs(self.model.acoustic_decoder))
 
-    def decode_frame(self, latent, state):
+    def decode_frames(self, latent, state):
         return self.model.decode_stream(as_tensor(latent), state)[0, 0].numpy(), state
 
     def unscale(self, latent):

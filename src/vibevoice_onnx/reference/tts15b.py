@@ -126,7 +126,7 @@ class TorchTts15bBackend:
     def new_decoder_state(self):
         return ConvState.zeros(conv_state_specs(self.ref.acoustic_decoder))
 
-    def decode_frame(self, latent, state):
+    def decode_frames(self, latent, state):
         return self.ref.acoustic_decoder(as_tensor(latent).transpose(1, 2), padding_cache=state).audio[0, 0].numpy(), state
 
     def new_semantic_state(self):

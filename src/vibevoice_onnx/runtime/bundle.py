@@ -78,6 +78,25 @@ def validate_manifest(manifest, path: Path) -> None:
                 fail(f"has no valid '{side}' list for graph '{name}'")
 
 
+class _TimedSession:
+    """An onnxruntime session whose run() calls are timed into `timings[name]`."""
+
+    def __init__(self, name: str, session, timings: dict):
+        self.name, self.session, self.timings = name, session, timings
+
+    def run(self, *args, **kwargs):
+        import time
+
+        start = time.perf_counter()
+        try:
+            return self.session.run(*args, **kwargs)
+        finally:
+            self.timings.setdefault(self.name, []).append(time.perf_counter() - start)
+
+    def __getattr__(self, attribute):
+        return getattr(self.session, attribute)
+
+
 class Bundle:
     """Opens a bundle directory. Sessions are created on first use, with the given providers/options."""
 
@@ -95,10 +114,34 @@ class Bundle:
             for file in (graph["file"], graph.get("external_data")):
                 if file and not (self.path / file).is_file():
                     raise damaged(self.path / file, f"the graph file of '{name}' is missing")
-        self.providers = providers or ["CPUExecutionProvider"]
+        self.providers = providers or self.default_providers()
         self.session_options = session_options
         self.threads = check_optional("threads", threads)
         self._sessions: dict = {}
+        self.timings: dict[str, list[float]] | None = None  # graph -> seconds per call, once time_calls() is on
+
+    def default_providers(self) -> list[str]:
+        """The device the bundle was built for; a CUDA bundle without a CUDA provider is refused, never run
+        on the CPU behind the user's back."""
+        if self.manifest["device"] != "cuda":
+            return ["CPUExecutionProvider"]
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BundleError(f"{self.path}: is built for CUDA, but this onnxruntime has no CUDA provider "
+                              "(install onnxruntime-gpu on a machine with an NVIDIA GPU)")
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    def time_calls(self) -> dict[str, list[float]]:
+        """From now on, record the wall time of every graph call (bench's per-component breakdown)."""
+        self.timings = {}
+        self._sessions = {name: _TimedSession(name, session, self.timings) for name, session in self._sessions.items()}
+        return self.timings
+
+    def weight_bytes(self, name: str) -> int:
+        """Bytes of graph `name` on disk (its weights, essentially): what one call reads from memory."""
+        graph = self.graph(name)
+        return sum((self.path / f).stat().st_size for f in (graph["file"], graph.get("external_data")) if f)
 
     @property
     def kind(self) -> str:
@@ -128,9 +171,10 @@ class Bundle:
                 options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.path / self.manifest["graphs"][name]["file"]
             try:
-                self._sessions[name] = ort.InferenceSession(str(path), options, providers=self.providers)
+                session = ort.InferenceSession(str(path), options, providers=self.providers)
             except Exception as e:  # onnxruntime raises its own pybind classes (InvalidProtobuf, Fail, ...)
                 raise damaged(path, f"onnxruntime cannot load the graph ({_first_line(e)})") from None
+            self._sessions[name] = session if self.timings is None else _TimedSession(name, session, self.timings)
         return self._sessions[name]
 
     def release(self, name: str) -> None:

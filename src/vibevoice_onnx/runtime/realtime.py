@@ -20,6 +20,9 @@ from .lm import BatchedGuidedStreams, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
 
 F32 = np.float32
+# After the first frame, frames are decoded this many at a time: the decoder's weights are then read once per
+# group (1.4 GB in fp32 at full size), for audio that arrives in bursts of a group. Measured with `bench`.
+DECODE_GROUP = 3
 
 
 class OnnxRealtimeBackend:
@@ -70,7 +73,7 @@ class OnnxRealtimeBackend:
     def new_decoder_state(self):
         return self.decoder.new_state()
 
-    def decode_frame(self, latent, state):
+    def decode_frames(self, latent, state):
         audio, state = self.decoder.run(latent, state)
         return audio[0, 0], state
 
@@ -87,12 +90,14 @@ class RealtimeTTS(TtsModel):
         return OnnxRealtimeBackend(self.bundle)
 
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
-               noise: NoiseSource | None = None, max_frames: int | None = None) -> Speech:
+               noise: NoiseSource | None = None, max_frames: int | None = None,
+               decode_group: int = DECODE_GROUP) -> Speech:
         cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
-        max_frames = check_optional("max_frames", max_frames)
+        max_frames, decode_group = check_optional("max_frames", max_frames), check("decode_group", decode_group)
         prompt = self.bundle.voice(voice)
         ids = encode_tts_text(self.bundle.tokenizer, text)
         noise, seed = self.noise_source(seed, noise)
         result = GenerationResult()
-        frames = realtime_frames(self.backend, prompt, ids, noise, cfg_scale, steps, max_frames, result)
+        frames = realtime_frames(self.backend, prompt, ids, noise, cfg_scale, steps, max_frames, result,
+                                 decode_group=decode_group)
         return Speech(frames, result, seed, noise)

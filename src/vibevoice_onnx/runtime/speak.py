@@ -35,6 +35,8 @@ class SpeakOptions:
     max_frames: int | None = None
     raw: bool = False
     threads: int | None = None
+    decode_group: int | None = None  # realtime: frames per decoder call after the first
+    force: bool = False  # speak with a bundle that failed or skipped its gates
 
 
 def read_text(text: str | None, text_file: Path | None) -> str:
@@ -126,6 +128,7 @@ def _refuse(kind: str, options: SpeakOptions, names: dict[str, object]) -> None:
                 "--voice": "; give each speaker a voice with --speaker N=VOICE",
                 "--speaker": "; choose its voice with --voice",
                 "--voice-latents": " (its voices are cached prompts, not audio samples)",
+                "--decode-group": " (each latent's audio feeds the next step, so it is decoded at once)",
             }.get(flag, ""))
 
 
@@ -145,15 +148,16 @@ def _start(tts, text: str, options: SpeakOptions):
     steps = defaults["steps"] if options.steps is None else options.steps
     if tts.kind == "realtime":
         _refuse(tts.kind, options, {"--speaker": options.speakers, "--voice-latents": options.voice_latents})
+        group = {} if options.decode_group is None else {"decode_group": options.decode_group}
         if options.seed is not None and options.noise is not None:
             raise VibeVoiceError("give either --seed or --noise, not both")
         voice = options.voice or (tts.voices[0] if tts.voices else None)
         if voice is None:
             raise VibeVoiceError(f"{tts.bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
         speech = tts.stream(text, voice, cfg_scale=cfg_scale, steps=steps, seed=options.seed, noise=_noise(tts, options),
-                            max_frames=options.max_frames)
+                            max_frames=options.max_frames, **group)
         return speech, f"voice {voice}", None
-    _refuse(tts.kind, options, {"--voice": options.voice})
+    _refuse(tts.kind, options, {"--voice": options.voice, "--decode-group": options.decode_group})
     voice_latents = options.voice_latents or "sample"
     if options.seed is not None and options.noise is not None and voice_latents == "mean":
         raise VibeVoiceError("give either --seed or --noise with --voice-latents mean: nothing else is random")
@@ -174,7 +178,7 @@ def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
         if path is not None:
             check_output_file(path)
     load_start = time.perf_counter()
-    tts = open_tts(bundle_dir, threads=options.threads)
+    tts = open_tts(bundle_dir, threads=options.threads, force=options.force)
     speech, described, preparing = _start(tts, text, options)
     load_seconds = time.perf_counter() - load_start
     randomness = [f"seed {speech.seed}"] if speech.seed is not None else []

@@ -60,9 +60,11 @@ class TtsModel:
     sample_rate = SAMPLE_RATE
 
     def __init__(self, bundle: Bundle | str | Path, providers: list | None = None, threads: int | None = None,
-                 session_options=None):
+                 session_options=None, force: bool = False):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), providers, session_options, threads)
         self.bundle.require_kind(self.kind)
+        if not force:
+            require_usable(self.bundle)
         self.backend = self._backend()
         self.latent_size = self.bundle.dims.head.latent
 
@@ -103,7 +105,21 @@ class TtsModel:
         return audio, self.sample_rate
 
 
-def open_tts(bundle_dir: Path, threads: int | None = None) -> TtsModel:
+def require_usable(bundle: Bundle) -> None:
+    """Refuse a bundle whose gates failed, and a reduced-precision one whose closed loop has not run: a
+    quantized graph that passes its own gate can still ruin generation once its errors feed back."""
+    parity = bundle.manifest.get("parity")
+    precision = bundle.manifest["precision"]
+    if parity and not parity.get("passed"):
+        failed = ", ".join(g["name"] for g in parity["gates"] if not g["passed"])
+        raise VibeVoiceError(f"{bundle.path}: failed its parity gates ({failed}), so it is not usable; "
+                             "pass --force (force=True) to use it anyway")
+    if not parity and precision != "fp32":
+        raise VibeVoiceError(f"{bundle.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
+                             f"{bundle.path}` first (its closed loop must pass), or pass --force (force=True)")
+
+
+def open_tts(bundle_dir: Path, threads: int | None = None, force: bool = False) -> TtsModel:
     """The API object for a TTS bundle of any kind."""
     from .realtime import RealtimeTTS
     from .tts15b import LongFormTTS
@@ -113,4 +129,4 @@ def open_tts(bundle_dir: Path, threads: int | None = None) -> TtsModel:
     if bundle.kind not in models:
         raise VibeVoiceError(f"{bundle.path}: is a bundle of kind '{bundle.kind}', which does not speak (TTS kinds: "
                              f"{', '.join(models)})")
-    return models[bundle.kind](bundle)
+    return models[bundle.kind](bundle, force=force)

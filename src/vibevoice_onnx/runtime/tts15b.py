@@ -120,7 +120,7 @@ class OnnxTts15bBackend:
     def new_decoder_state(self):
         return self.decoder.new_state()
 
-    def decode_frame(self, latent, state):
+    def decode_frames(self, latent, state):
         audio, state = self.decoder.run(latent, state)
         return audio[0, 0], state
 

@@ -23,10 +23,45 @@ from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import MANIFEST, Bundle
 from ..runtime.lm import OnnxLm, StreamingConv, flat_cache
 
-MIN_COSINE = 0.99
+MIN_COSINE = 0.99  # a graph against itself (KV incremental == prefill, streamed == whole) at any precision
 SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
 SILENT_MAX_ABS = 1e-4
 F32 = np.float32
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a bundle of one precision must reach against the fp32 reference.
+
+    Random weights cannot show how quantization affects real speech. What they can show: a broken conversion
+    (per graph), and a loop that leaves the reference's path at once or drifts off its scale. A random-weight
+    loop is chaotic (a 1e-4 nudge of one frame's noise grows ~3x per frame), so over many frames any lossy
+    precision decorrelates from the reference however faithful it is; the first speech window, before the
+    chaos has had time to grow, is where the loop's cosine still judges the quantization."""
+
+    graph: float  # min cosine of each graph's outputs
+    window: float  # min per-latent cosine over the loop's first speech window
+    loop: float | None  # min per-latent cosine over the whole loop; None: recorded per frame, not gated
+    audio: float  # min cosine of the closed loop's audio
+    scale: tuple[float, float]  # allowed range of each latent's RMS over the reference latent's
+    decision_floor: float  # an EOS logit or a token margin below this may be decided either way
+
+    def describe(self) -> dict:
+        return {"graph_min_cosine": self.graph, "window_min_cosine": self.window, "loop_min_cosine": self.loop,
+                "audio_min_cosine": self.audio, "latent_rms_ratio": list(self.scale),
+                "decision_floor": self.decision_floor}
+
+
+LIMITS = {
+    "fp32": Limits(graph=0.99, window=0.99, loop=0.99, audio=0.99, scale=(0.9, 1.1), decision_floor=0.01),
+    "fp16": Limits(graph=0.995, window=0.99, loop=None, audio=0.95, scale=(0.8, 1.25), decision_floor=0.05),
+    "int8": Limits(graph=0.995, window=0.95, loop=None, audio=0.9, scale=(0.75, 1.33), decision_floor=0.25),
+    "int4": Limits(graph=0.98, window=0.85, loop=None, audio=0.8, scale=(0.75, 1.33), decision_floor=0.5),
+}
+RANDOM_WEIGHTS_CAVEAT = (
+    "Synthetic checkpoints have random weights: these gates catch broken conversions and loops that leave the "
+    "reference at once, but cannot show how quantization affects the speech of real weights."
+)
 
 
 @dataclass
@@ -46,7 +81,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / denom)
 
 
-def compare(name: str, outputs: list, references: list, detail: str = "") -> Gate:
+def compare(name: str, outputs: list, references: list, detail: str = "", min_cosine: float = MIN_COSINE) -> Gate:
     """Gate several output tensors at once: the worst cosine and the largest difference over all of them."""
     cosines, max_abs, silent = [], 0.0, True
     for ours, ref in zip(outputs, references):
@@ -57,7 +92,7 @@ def compare(name: str, outputs: list, references: list, detail: str = "") -> Gat
         max_abs = max(max_abs, float(np.abs(ours - ref).max()) if ours.size else 0.0)
         silent &= float(np.sqrt(np.mean(ref.astype(np.float64) ** 2))) < SILENT_RMS
     worst = min(cosines)
-    passed = max_abs <= SILENT_MAX_ABS if silent else worst >= MIN_COSINE
+    passed = max_abs <= SILENT_MAX_ABS if silent else worst >= min_cosine
     return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""))
 
 
@@ -92,7 +127,7 @@ def lm_step(lm, embeds: np.ndarray, positions: np.ndarray, cache: DynamicCache) 
     return out.last_hidden_state.numpy()
 
 
-def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Probe,
+def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Probe, min_cosine: float,
              steps: tuple[tuple[int, int], ...] = ((11, 5), (16, 1))) -> list[Gate]:
     """An LM graph against its reference on (past, new) token counts, and its own KV incremental == prefill."""
     gates = []
@@ -103,7 +138,7 @@ def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Pro
         reference = lm_step(lm, embeds, positions, cache)
         hidden, present = onnx_lm.unbatched(embeds, positions, flat_past)
         gates.append(compare(f"{name} (past {past}, new {new})", [hidden, *present],
-                             [reference, *flat_cache(cache_layers(cache))]))
+                             [reference, *flat_cache(cache_layers(cache))], min_cosine=min_cosine))
     length, prefix = 8, 3
     embeds = probe.tokens(length)
     full, full_present = onnx_lm.unbatched(embeds, np.arange(length)[None], empty)
@@ -117,22 +152,22 @@ def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Pro
     return gates
 
 
-def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe) -> Gate:
+def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe, min_cosine: float) -> Gate:
     noisy = probe.normal(len(conditions), head.noisy_images_proj.in_features)
     timesteps = np.linspace(999, 100, len(conditions)).round().astype(F32)
     reference = head(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
-    return compare("diffusion_head", [velocity(noisy, timesteps, conditions)], [reference])
+    return compare("diffusion_head", [velocity(noisy, timesteps, conditions)], [reference], min_cosine=min_cosine)
 
 
-def module_gate(name: str, module, run: Callable, inputs: np.ndarray) -> Gate:
-    return compare(name, [run(inputs)], [module(as_tensor(inputs)).numpy()])
+def module_gate(name: str, module, run: Callable, inputs: np.ndarray, min_cosine: float) -> Gate:
+    return compare(name, [run(inputs)], [module(as_tensor(inputs)).numpy()], min_cosine=min_cosine)
 
 
-def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray) -> list[Gate]:
+def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray, min_cosine: float) -> list[Gate]:
     """Decoder input latents [1, T >= 8, C]: the whole-sequence graph and the streaming graph (frame by frame,
     states included) against the reference, and the streamed frames against the whole decode."""
     reference = decoder(as_tensor(latents[:, :6]).transpose(1, 2)).audio.numpy()
-    gates = [compare("acoustic_decoder (6 frames)", [whole(latents[:, :6])], [reference])]
+    gates = [compare("acoustic_decoder (6 frames)", [whole(latents[:, :6])], [reference], min_cosine=min_cosine)]
     state, ours_state, outputs, references = ConvState.zeros(conv_state_specs(decoder)), stream.new_state(), [], []
     for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
         ours, ours_state = stream.run(latents[:, i : i + 1], ours_state)
@@ -140,7 +175,7 @@ def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray) ->
         references.append(decoder(as_tensor(latents[:, i : i + 1]).transpose(1, 2), padding_cache=state).audio.numpy())
     outputs += ours_state
     references += [state.tensors[s["name"]].numpy() for s in stream.states]
-    gates.append(compare("acoustic_decoder_stream (3 frames, states)", outputs, references))
+    gates.append(compare("acoustic_decoder_stream (3 frames, states)", outputs, references, min_cosine=min_cosine))
     frames = latents.shape[1]
     ours_state, pieces = stream.new_state(), []
     for i in range(frames):
@@ -149,6 +184,41 @@ def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray) ->
     gates.append(compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces, axis=2)],
                          [whole(latents)]))
     return gates
+
+
+def rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.asarray(x, np.float64) ** 2)))
+
+
+def loop_gates(label: str, ours, theirs, detail: str, limits: Limits, window: int) -> tuple[list[Gate], dict]:
+    """A closed loop's latents and audio against the reference's: every latent's cosine over the first `window`
+    latents (and over all of them where the precision is exact enough to ask), each latent's scale, and the
+    audio. Two runs of different lengths fail them all. Returns the gates and the per-latent curves."""
+    same_length = ours.frames == theirs.frames and ours.frames > 0
+    cosines = [cosine(a, b) for a, b in zip(ours.latents, theirs.latents)]
+    ratios = [rms(a) / max(rms(b), 1e-12) for a, b in zip(ours.latents, theirs.latents)]
+    diffs = [float(np.abs(a - b).max()) for a, b in zip(ours.latents, theirs.latents)]
+    audio_cos = cosine(ours.audio, theirs.audio) if same_length else 0.0
+    audio_diff = float(np.abs(ours.audio - theirs.audio).max()) if same_length else float("inf")
+    if not same_length:
+        detail += f"; the runs gave {ours.frames} (runtime) and {theirs.frames} (reference) latents"
+    first = min(window, len(cosines))
+    if limits.loop is None:
+        gates = [Gate(f"{label}: first {first} latents, min cosine", min(cosines[:first], default=None),
+                      max(diffs[:first], default=0.0), same_length and min(cosines[:first]) >= limits.window, detail)]
+    else:
+        gates = [Gate(f"{label}: per-latent min cosine", min(cosines, default=None), max(diffs, default=0.0),
+                          same_length and min(cosines) >= limits.loop, detail)]
+    low, high = limits.scale
+    gates += [
+        Gate(f"{label}: latent RMS ratio in [{low}, {high}]", None, max(abs(r - 1) for r in ratios) if ratios else 0.0,
+             same_length and low <= min(ratios) and max(ratios) <= high,
+             f"ratios {min(ratios, default=0):.3f}..{max(ratios, default=0):.3f}; " + detail),
+        Gate(f"{label}: audio cosine", audio_cos, audio_diff, same_length and audio_cos >= limits.audio, detail),
+    ]
+    curves = {"latent_cosine": [round(c, 6) for c in cosines], "latent_rms_ratio": [round(r, 4) for r in ratios],
+              "audio_rms_ratio": round(rms(ours.audio) / max(rms(theirs.audio), 1e-12), 4) if same_length else None}
+    return gates, curves
 
 
 def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
@@ -179,13 +249,16 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
 
     if checkpoint_hash(checkpoint, open_checkpoint(checkpoint)) != bundle.manifest["source"]["hash"]:
         raise VibeVoiceError(f"{checkpoint}: is not the checkpoint this bundle was built from (its hash differs)")
-    gates, info = module.run_gates(bundle, checkpoint, voice, log)
+    limits = LIMITS[bundle.manifest["precision"]]
+    gates, info = module.run_gates(bundle, checkpoint, voice, log, limits)
     record = {
         "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": str(checkpoint.resolve()),
         "reference": "fp32 PyTorch (transformers modules), CPU",
-        "thresholds": {"min_cosine": MIN_COSINE, "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS,
-                       **info.pop("thresholds", {})},
+        "precision": bundle.manifest["precision"],
+        "thresholds": {**limits.describe(), "self_consistency_min_cosine": MIN_COSINE,
+                       "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
+        **({} if bundle.manifest["precision"] == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
         **info,
         "passed": all(g.passed for g in gates),
         "gates": [asdict(g) for g in gates],

@@ -27,7 +27,7 @@ from ..runtime.tts15b import OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .common import (
-    MIN_COSINE, Gate, Probe, compare, cosine, decoder_gates, head_gate, lm_gates, lm_step, module_gate,
+    Gate, Limits, Probe, compare, decoder_gates, head_gate, lm_gates, lm_step, loop_gates, module_gate,
 )
 
 CLOSED_LOOP_SCRIPT = (
@@ -38,7 +38,6 @@ CLOSED_LOOP_SCRIPT = (
 SEGMENT_LATENTS, SEGMENTS = 8, 3  # the forced schedule: three speech segments of eight latents
 FREE_STEPS = 12  # steps of the free-running loop
 CFG_SCALE, STEPS, SEED = 1.3, 10, 1234
-CHOICE_NOISE_FLOOR = 1e-2  # a top-2 logit margin below this is a pick two faithful implementations may split
 
 
 def synthetic_voices() -> list[np.ndarray]:
@@ -61,7 +60,7 @@ def forced_segments(ids: TokenIds):
     return lambda step, greedy: schedule[step] if step < len(schedule) else ids.eos
 
 
-def guided_streams_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe) -> Gate:
+def guided_streams_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, limit: float) -> Gate:
     """The runtime's speculative batch-2 CFG streams against upstream's separate streams, through the cases
     the loop meets: the negative right after the prompt, a pick that is not speech (speculation dropped),
     a restart of the negative stream, and speech steps."""
@@ -80,17 +79,17 @@ def guided_streams_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, 
         if kind != "other":
             outputs.append(ours.negative(embed))
             references.append(theirs.negative(embed))
-    return compare("lm: speculative batched CFG streams == separate streams", outputs, references)
+    return compare("lm: speculative batched CFG streams == separate streams", outputs, references, min_cosine=limit)
 
 
-def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, bundle: Bundle, probe: Probe) -> list[Gate]:
+def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, limit: float) -> list[Gate]:
     """The acoustic encoder on a zero-padded batch of two lengths (upstream's padding), the streaming
     semantic encoder (chunks and states) against the reference, and streamed chunks == one pass."""
     hop = reference.dims.semantic_encoder.hop
     audio = probe.normal(2, 1, int(2.4 * hop)) * 0.1
     audio[1, :, int(1.7 * hop):] = 0.0  # the shorter voice of a batch, padded as upstream pads it
     encoded = reference.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
-    gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded])]
+    gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded], min_cosine=limit)]
     chunks = probe.normal(1, 1, 4 * hop) * 0.1
     state, ours_state = ConvState.zeros(conv_state_specs(reference.semantic_encoder)), runtime.new_semantic_state()
     outputs, references = [], []
@@ -100,67 +99,52 @@ def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, bundle
         outputs.append(ours)
         references.append(reference.semantic_encoder(as_tensor(chunk), padding_cache=state).latents.numpy())
     gates.append(compare("semantic_encoder_stream (4 chunks, states)", outputs + ours_state,
-                         references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states]))
+                         references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states], min_cosine=limit))
     whole = reference.semantic_encoder(as_tensor(chunks)).latents.numpy()
     gates.append(compare("semantic encoder: 4 streamed chunks == one pass", [np.concatenate(outputs, axis=1)], [whole]))
     return gates
 
 
-def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log) -> list[Gate]:
+def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log, limit: float) -> list[Gate]:
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
     log("  per-graph gates")
-    gates = lm_gates("lm", parts.language_model, runtime.lm, empty_cache(bundle, "lm"), probe)
+    gates = lm_gates("lm", parts.language_model, runtime.lm, empty_cache(bundle, "lm"), probe, limit)
     conditions = lm_step(parts.language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
-    gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe))
+    gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe, limit))
     gates.append(module_gate("acoustic_connector", parts.multi_modal_projector, runtime.connect_acoustic,
-                             probe.normal(1, 4, dims.acoustic_encoder.vae_dim)))
+                             probe.normal(1, 4, dims.acoustic_encoder.vae_dim), limit))
     gates.append(module_gate("semantic_connector", parts.semantic_connector, runtime.connect_semantic,
-                             probe.normal(1, 4, dims.semantic_encoder.vae_dim)))
-    gates += encoder_gates(reference, runtime, bundle, probe)
+                             probe.normal(1, 4, dims.semantic_encoder.vae_dim), limit))
+    gates += encoder_gates(reference, runtime, probe, limit)
     whole = bundle.session("acoustic_decoder")
     gates += decoder_gates(reference.acoustic_decoder, lambda z: whole.run(None, {"latents": z})[0], runtime.decoder,
-                           runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)))
+                           runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)), limit)
     del whole
     bundle.release("acoustic_decoder")  # the loop streams; the whole-sequence decoder's weights can go
-    gates.append(guided_streams_gate(reference, runtime, probe))
+    gates.append(guided_streams_gate(reference, runtime, probe, limit))
     return gates
 
 
-def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult) -> Gate:
+def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult, floor: float) -> Gate:
     """The LM's own greedy pick agrees at every step where the reference's top-2 margin clears the floor."""
     margins = [float(np.diff(np.sort(logits)[-2:])[0]) for logits in theirs.logits]
-    clear = [i for i, margin in enumerate(margins) if margin > CHOICE_NOISE_FLOOR]
+    clear = [i for i, margin in enumerate(margins) if margin > floor]
     disagree = [i for i in clear if i < len(ours.greedy) and ours.greedy[i] != theirs.greedy[i]]
     diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits, theirs.logits)), default=0.0)
     passed = len(ours.greedy) == len(theirs.greedy) and not disagree
-    detail = (f"{len(clear)} of {len(margins)} steps clear of the {CHOICE_NOISE_FLOOR} margin floor, {len(disagree)} "
+    detail = (f"{len(clear)} of {len(margins)} steps clear of the {floor} margin floor, {len(disagree)} "
               f"disagree; smallest top-2 margin {min(margins, default=math.inf):.3g}; max |Δ logit| {diff:.2e}")
     return Gate(name, None, diff, passed, detail)
 
 
-def loop_gates(label: str, ours: LongFormResult, theirs: LongFormResult, detail: str) -> list[Gate]:
-    same_length = ours.frames == theirs.frames and len(ours.tokens) == len(theirs.tokens)
-    cosines = [cosine(a, b) for a, b in zip(ours.latents, theirs.latents)]
-    latent_diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.latents, theirs.latents)), default=0.0)
-    gates = []
-    if theirs.frames:
-        audio_cos = cosine(ours.audio, theirs.audio) if same_length else 0.0
-        audio_diff = float(np.abs(ours.audio - theirs.audio).max()) if same_length else math.inf
-        gates += [
-            Gate(f"{label}: per-latent min cosine", min(cosines), latent_diff, same_length and min(cosines) >= MIN_COSINE, detail),
-            Gate(f"{label}: audio cosine", audio_cos, audio_diff, same_length and audio_cos >= MIN_COSINE, detail),
-        ]
-    return gates
-
-
 def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend,
-                 voices: list[np.ndarray]) -> tuple[list[Gate], dict]:
+                 voices: list[np.ndarray], limits: Limits) -> tuple[list[Gate], dict]:
     script = parse_script(CLOSED_LOOP_SCRIPT)
     prompt = build_prompt(bundle.tokenizer, script, [-(-len(v) // 3200) for v in voices])
     ids = TokenIds.from_tokenizer(bundle.tokenizer)
     noise = NoiseSource.from_seed(SEED, reference.dims.head.latent)
-    gates = []
+    gates, curves = [], {}
     for label, choose, max_steps in (("closed loop, forced segments", forced_segments(ids), None),
                                      ("closed loop, free-running", None, FREE_STEPS)):
         theirs = generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps)
@@ -173,11 +157,13 @@ def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15b
         if choose is None:
             gates.append(Gate(f"{label}: same token sequence", None, 0.0, ours.tokens == theirs.tokens,
                               f"runtime {len(ours.tokens)} / reference {len(theirs.tokens)} tokens, {theirs.frames} latents"))
-        gates.append(picks_gate(f"{label}: the LM's picks agree", ours, theirs))
-        gates += loop_gates(label, ours, theirs, detail)
+        gates.append(picks_gate(f"{label}: the LM's picks agree", ours, theirs, limits.decision_floor))
+        if theirs.frames:
+            loop, curves[label] = loop_gates(label, ours, theirs, detail, limits, SEGMENT_LATENTS)
+            gates += loop
     info = {"script": CLOSED_LOOP_SCRIPT, "prompt_tokens": len(prompt.ids), "segments": SEGMENTS,
             "latents_per_segment": SEGMENT_LATENTS, "free_steps": FREE_STEPS, "cfg_scale": CFG_SCALE,
-            "diffusion_steps": STEPS, "seed": SEED, "voice_latents": "mean"}
+            "diffusion_steps": STEPS, "seed": SEED, "voice_latents": "mean", "curves": curves}
     return gates, info
 
 
@@ -192,14 +178,13 @@ def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndar
     return chosen + synthetic[len(chosen):], voice
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log) -> tuple[list[Gate], dict]:
+def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     from ..reference.tts15b import load_tts15b
 
     reference = load_tts15b(checkpoint, compact=True)  # bf16-stored, fp32-computed: fits beside the sessions
     runtime = OnnxTts15bBackend(bundle)
-    gates = graph_gates(bundle, reference, runtime, log)
+    gates = graph_gates(bundle, reference, runtime, log, limits.graph)
     log("  closed loops: the whole generation, runtime vs reference")
     voices, source = verification_voices(bundle, voice)
-    loops, info = closed_loops(bundle, reference, runtime, voices)
-    return gates + loops, {"closed_loop": {**info, "voices": source},
-                                 "thresholds": {"choice_noise_floor": CHOICE_NOISE_FLOOR}}
+    loops, info = closed_loops(bundle, reference, runtime, voices, limits)
+    return gates + loops, {"closed_loop": {**info, "voices": source}}

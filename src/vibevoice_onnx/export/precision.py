@@ -1,0 +1,204 @@
+"""Precision variants of exported graphs: int8 and int4 with onnxruntime's own quantizers, per a per-component
+policy, and fp16 with onnxruntime's own converter (for GPU providers).
+
+Every MatMul (and Gemm) whose weight is a constant is quantized by one of two schemes (see `Scheme`):
+dynamic int8 (8-bit weights per output channel, activations quantized per call) or MatMulNBits (blockwise
+8 or 4 bits). Which graph gets which scheme is a policy per model kind, chosen by measurement and recorded in
+the manifest: the small graphs on the feedback path (connector, EOS classifier) stay fp32, because a
+component that passes its own gate can still ruin generation once its error feeds back (the closed loop
+judges that). The same functions serve any model kind: quantization lives here only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import VibeVoiceError
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one graph's MatMul weights are stored. "blockwise": onnxruntime's MatMulNBits (one scale and zero
+    point per block of `block_size` input rows of each output column), activations float or, at accuracy
+    level 4, int8 inside the dot products. "dynamic": onnxruntime's dynamic quantization, 8-bit weights per
+    output channel and activations quantized per call, run by its int8 GEMM kernels."""
+
+    bits: int
+    method: str = "blockwise"
+    block_size: int = 32
+    symmetric: bool = False
+    accuracy_level: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}" + (" dynamic" if self.method == "dynamic" else "")
+
+    def describe(self) -> dict:
+        if self.method == "dynamic":
+            return {"scheme": "dynamic int8 (MatMulInteger), uint8 weights per output channel", "bits": 8,
+                    "method": "dynamic"}
+        return {"scheme": f"MatMulNBits int{self.bits}", **asdict(self)}
+
+
+# On a 2-core AVX2 CPU without VNNI (this project's reference machine), for a [2, 896] x [896, 4864] product:
+# fp32 1.23 ms, MatMulNBits int8 0.95 ms, int4 0.65 ms, dynamic int8 per channel 0.60 ms (cosine 0.99994).
+INT8, INT4, DYNAMIC_INT8 = Scheme(8), Scheme(4), Scheme(8, method="dynamic")
+
+# Per model kind and precision: graph -> scheme; a graph not listed stays fp32. Chosen by measurement on the
+# full-size synthetic realtime checkpoint: dynamic int8 is the fastest scheme here, but its per-tensor
+# activation scales cost the graphs on the feedback path (LMs, diffusion head) enough accuracy to fail the
+# closed loop (first-window cosine 0.89); blockwise int8 there passes (0.98). The decoder is off the feedback
+# path (its output is only heard), so it takes the fast scheme.
+POLICIES = {
+    "realtime": {
+        "int8": {"lower_lm": INT8, "upper_lm": INT8, "diffusion_head": INT8,
+                 "acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8},
+        "int4": {"lower_lm": INT4, "upper_lm": INT4, "diffusion_head": INT8,
+                 "acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8},
+    },
+}
+
+
+def policy(kind: str, precision: str) -> dict[str, Scheme]:
+    if precision in ("fp32", "fp16"):
+        return {}
+    try:
+        return POLICIES[kind][precision]
+    except KeyError:
+        raise VibeVoiceError(f"no {precision} policy for {kind} bundles yet") from None
+
+
+def _gemm_to_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite Gemm(A, W, C) with a constant W as MatMul(A, W') + C, which the quantizer understands."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    nodes, rewritten = [], 0
+    for node in model.graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        simple = attributes.get("alpha", 1.0) == 1.0 and attributes.get("beta", 1.0) == 1.0 and not attributes.get("transA", 0)
+        if node.op_type != "Gemm" or node.input[1] not in initializers or not simple:
+            nodes.append(node)
+            continue
+        weight = initializers[node.input[1]]
+        if attributes.get("transB", 0):
+            transposed = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight).T), weight.name)
+            weight.CopyFrom(transposed)
+        product = node.output[0] + "_matmul" if len(node.input) > 2 else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], node.input[1]], [product], name=node.name + "_matmul"))
+        if len(node.input) > 2:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=node.name + "_bias"))
+        rewritten += 1
+    model.graph.ClearField("node")
+    model.graph.node.extend(nodes)
+    if rewritten:
+        model.graph.ClearField("value_info")  # shapes recorded for the old nodes; inference redoes them
+    return rewritten
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer)
+
+
+def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
+    """Quantize the graph at `path` in place; returns what was done, for the manifest."""
+    path = Path(path)
+    model = onnx.load(str(path))  # with its external data
+    before = weight_bytes(model)
+    _gemm_to_matmul(model)
+    if scheme.method == "dynamic":
+        quantized = _dynamic(model, path, external_data)
+        count = sum(1 for n in quantized.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul"))
+    else:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(model, bits=scheme.bits, block_size=scheme.block_size,
+                                         is_symmetric=scheme.symmetric, accuracy_level=scheme.accuracy_level)
+        with _quiet(logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")):  # a line per node
+            quantizer.process()
+        quantized = quantizer.model.model
+        count = sum(1 for n in quantized.graph.node if n.op_type == "MatMulNBits")
+        _save(quantized, path, external_data)
+    return {**scheme.describe(), "matmuls": count, "weight_bytes_before": before, "weight_bytes_after": weight_bytes(quantized)}
+
+
+def _dynamic(model: onnx.ModelProto, path: Path, external_data: bool) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    path.with_name(path.name + ".data").unlink(missing_ok=True)
+    with _quiet(logging.getLogger()):  # the quantizer logs advice and a line per activation on the root logger
+        quantize_dynamic(model, path, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QUInt8,
+                         use_external_data_format=external_data, extra_options={"MatMulConstBOnly": True})
+    quantized = onnx.load(str(path))
+    _save(quantized, path, external_data)  # our file conventions (it writes the data file owner-only)
+    return quantized
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger):
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _sort_topologically(graph: onnx.GraphProto) -> None:
+    produced_by = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    order, state = [], {}
+
+    def visit(i: int) -> None:
+        stack = [(i, False)]
+        while stack:
+            index, done = stack.pop()
+            if done:
+                state[index] = 2
+                order.append(index)
+                continue
+            if state.get(index):
+                continue
+            state[index] = 1
+            stack.append((index, True))
+            stack.extend((produced_by[name], False) for name in graph.node[index].input
+                         if name in produced_by and not state.get(produced_by[name]))
+
+    for i in range(len(graph.node)):
+        visit(i)
+    nodes = [graph.node[i] for i in order]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+
+
+def _save(model: onnx.ModelProto, path: Path, external_data: bool) -> None:
+    """Replace the graph at `path` (and its .data file, when it keeps its weights outside)."""
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(path), save_as_external_data=external_data, all_tensors_to_one_file=True,
+              location=data.name, size_threshold=1024)
+
+
+# Operators kept in fp32 inside an fp16 graph, on top of the converter's defaults: the norms' sum of squares
+# and the timestep sinusoid overflow or lose too much in fp16 (the diffusion head is the most sensitive).
+FP16_KEEP = ["Pow", "ReduceMean", "Sqrt", "Reciprocal", "Sin", "Cos", "Exp", "Erf"]
+
+
+def convert_fp16(path: Path, external_data: bool) -> dict:
+    """Convert the graph at `path` to fp16 in place, inputs and outputs kept fp32 (the runtime feeds fp32)."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    path = Path(path)
+    model = onnx.load(str(path))
+    before = weight_bytes(model)
+    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + FP16_KEEP)
+    _sort_topologically(converted.graph)  # the converter appends its input casts after their users
+    converted.graph.ClearField("value_info")  # stale float types from the export; inference redoes them
+    onnx.checker.check_model(converted, full_check=True)  # static: its gates need a GPU provider to run
+    _save(converted, path, external_data)
+    return {"scheme": "fp16", "kept_fp32_ops": FP16_KEEP, "weight_bytes_before": before,
+            "weight_bytes_after": weight_bytes(converted)}

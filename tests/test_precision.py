@@ -1,0 +1,151 @@
+"""Precision variants: int8 and int4 built from an fp32 sibling, gated against the fp32 reference, refused by
+`speak` until they pass; a deliberately broken quantization caught by the closed loop; fp16 built and
+checked statically; grouped decoding gated; `bench` on a tiny bundle."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.export.precision import POLICIES, Scheme, quantize_graph
+from vibevoice_onnx.runtime.bundle import Bundle
+
+from conftest import copy_bundle
+
+QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul"}
+
+
+@pytest.fixture(scope="module")
+def variants(tiny_checkpoints, tiny_bundle, tmp_path_factory):
+    """A copy of the tiny fp32 bundle, with its int8 and int4 siblings built from it (not yet verified)."""
+    root = tmp_path_factory.mktemp("precision")
+    copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
+    for precision in ("int8", "int4"):
+        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision]) == 0
+    return root / "realtime"
+
+
+def unverified_copy(bundle, dst):
+    copy_bundle(bundle, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest.pop("parity", None)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def graph_ops(path) -> set[str]:
+    return {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_variants_follow_their_policy_and_keep_the_feedback_path_fp32(variants, precision):
+    bundle = variants / f"cpu_{precision}"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    fp32 = json.loads((variants / "cpu_fp32" / "manifest.json").read_text())
+    assert manifest["precision"] == precision and manifest["source"]["hash"] == fp32["source"]["hash"]
+    policy = POLICIES["realtime"][precision]
+    for name, graph in manifest["graphs"].items():
+        ops = graph_ops(bundle / graph["file"])
+        if name in policy:
+            assert graph["precision"]["bits"] == policy[name].bits and ops & QUANTIZED_OPS, name
+            assert graph["precision"]["weight_bytes_after"] < 0.6 * graph["precision"]["weight_bytes_before"], name
+        else:  # the connector and the EOS classifier stay as exported
+            assert graph["precision"] == {"scheme": "fp32"} and not ops & QUANTIZED_OPS, name
+    assert sorted(p.name for p in (bundle / "voices").iterdir()) == sorted(p.name for p in (variants / "cpu_fp32" / "voices").iterdir())
+
+
+def test_unverified_quantized_bundle_is_refused_until_verified(variants, tmp_path, capsys):
+    bundle = unverified_copy(variants / "cpu_int8", tmp_path / "int8")
+    out = tmp_path / "speech.wav"
+    assert main(["speak", str(bundle), "Hello there.", "-o", str(out), "--max-frames", "2"]) == 2
+    assert "has not been verified" in capsys.readouterr().err and not out.exists()
+    assert main(["speak", str(bundle), "Hello there.", "-o", str(out), "--max-frames", "2", "--force"]) == 0
+    assert out.is_file()
+
+
+def test_int8_passes_its_gates_and_records_them(variants, capsys):
+    bundle = variants / "cpu_int8"
+    assert main(["verify", str(bundle)]) == 0
+    record = json.loads((bundle / "manifest.json").read_text())["parity"]
+    assert record["precision"] == "int8" and record["passed"] and "random weights" in record["caveat"]
+    assert record["thresholds"]["window_min_cosine"] == 0.95 and record["thresholds"]["loop_min_cosine"] is None
+    gates = {g["name"]: g for g in record["gates"]}
+    assert gates["closed loop: first 6 latents, min cosine"]["cosine"] >= 0.95
+    assert len(record["closed_loop"]["latent_cosine"]) == 18  # the whole curve, gated or not
+    for name in ("acoustic_connector", "eos_classifier"):  # kept fp32: as exact as the fp32 bundle
+        assert gates[name]["cosine"] > 0.99999
+    assert main(["speak", str(bundle), "Hello there.", "-o", str(bundle.parent / "int8.wav"), "--max-frames", "2"]) == 0
+
+
+def test_int4_verify_judges_it(variants, capsys):
+    """int4 LMs drift from a random-weight reference within a few frames; whatever the verdict, it is judged,
+    recorded, and `speak` follows it."""
+    bundle = copy_bundle(variants / "cpu_int4", variants.parent / "int4-judged")
+    code = main(["verify", str(bundle)])
+    record = json.loads((bundle / "manifest.json").read_text())["parity"]
+    assert code == (0 if record["passed"] else 1) and record["precision"] == "int4"
+    capsys.readouterr()
+    spoke = main(["speak", str(bundle), "Hello.", "-o", str(bundle / "x.wav"), "--max-frames", "2"])
+    assert spoke == (0 if record["passed"] else 2)
+
+
+def test_broken_quantization_is_caught_by_the_closed_loop(variants, tmp_path, capsys):
+    """The acoustic connector (kept fp32 by policy: it feeds each latent back) quantized to 2 bits in blocks
+    of 16: the loop leaves the reference's path at once."""
+    bundle = unverified_copy(variants / "cpu_int8", tmp_path / "broken")
+    quantize_graph(bundle / "acoustic_connector.onnx", Scheme(2, block_size=16, symmetric=True, accuracy_level=0), False)
+    assert main(["verify", str(bundle)]) == 1
+    failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
+    assert "closed loop: first 6 latents, min cosine" in failed
+    assert not failed & {"upper_lm (past 16, new 1)", "diffusion_head", "eos_classifier"}  # only what was broken
+
+
+def test_fp16_is_built_for_gpus_and_checked_statically(tiny_checkpoints, variants, tmp_path, capsys):
+    root = variants.parent
+    assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", "fp16", "--device", "cuda"]) == 0
+    bundle = root / "realtime" / "cuda_fp16"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["device"] == "cuda" and manifest["precision"] == "fp16"
+    head = onnx.load(str(bundle / manifest["graphs"]["diffusion_head"]["file"]))
+    onnx.checker.check_model(head, full_check=True)
+    assert {onnx.TensorProto.FLOAT16} <= {t.data_type for t in head.graph.initializer}
+    assert all(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in head.graph.input)  # fed fp32
+    capsys.readouterr()
+    assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(tmp_path), "--precision", "fp16"]) == 2
+    assert "build it with --device cuda" in capsys.readouterr().err and not (tmp_path / "realtime").exists()
+    if "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers():
+        assert main(["speak", str(bundle), "Hi.", "-o", str(tmp_path / "x.wav"), "--force"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+
+
+def test_grouped_decoding_gives_frame_by_frame_audio(tiny_bundle):
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+
+    tts = RealtimeTTS(tiny_bundle)
+    runs = {group: tts.stream("Grouped decoding must not change a sample.", "synthetic", seed=3, max_frames=8,
+                              decode_group=group) for group in (1, 3, 5)}
+    chunks = {group: [chunk.samples for chunk in speech] for group, speech in runs.items()}
+    assert [len(c) for c in chunks[3]] == [3200] * 8  # still one chunk per frame, in order
+    audio = {group: np.concatenate(pieces) for group, pieces in chunks.items()}
+    np.testing.assert_allclose(audio[3], audio[1], atol=1e-5)
+    np.testing.assert_allclose(audio[5], audio[1], atol=1e-5)
+
+
+def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_bundle, tmp_path, capsys):
+    plot = tmp_path / "latency.png"
+    assert main(["bench", str(tiny_bundle), "--frames", "7", "--reference", str(tiny_checkpoints["realtime"]),
+                 "--json", "--plot", str(plot), "--decode-group", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runtime, reference = report["runtime"], report["reference"]
+    assert runtime["frames"] == reference["frames"] == 7 and len(runtime["chunk_times"]) == 7
+    assert runtime["real_time_factor"] == pytest.approx(runtime["wall_seconds"] / (7 * 3200 / 24000))
+    graphs = runtime["graphs"]
+    assert graphs["diffusion_head"]["calls"] == 7 * 5  # 5 solver steps, both CFG streams in one call
+    assert graphs["acoustic_decoder_stream"]["calls"] == 1 + 2  # frame 1 alone, then 3 + 3
+    expected = sum(Bundle(tiny_bundle).weight_bytes(name) * g["calls"] for name, g in graphs.items()) / 7
+    assert runtime["weight_bytes_per_frame"] == pytest.approx(expected)
+    assert runtime["first_audio_seconds"] <= runtime["chunk_times"][-1] and report["bandwidth_bytes_per_second"] > 1e8
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
