@@ -1,0 +1,94 @@
+"""VibeVoice-ASR's transcription loop (facts 5.3-5.4), written once and run on both backends.
+
+The audio (normalised 24 kHz samples) goes through the acoustic and semantic encoders in one pass with
+upstream's non-streaming padding; the acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per
+item times unit noise) unless the caller asks for the means; the connectors' sum fills the prompt's
+placeholders; one prefill; then greedy tokens with the KV cache until `<|endoftext|>` or `<|im_end|>` or
+the token limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from ..errors import VibeVoiceError
+from ..transcription import SAMPLE_RATE, STOP_TOKENS, AsrPrompt
+from .common import LmStream
+
+SINGLE_PASS_SAMPLES = 60 * SAMPLE_RATE  # upstream encodes up to 60 s in one pass, longer audio in segments
+
+
+class AsrBackend(Protocol):
+    acoustic_std: float  # σ-VAE noise scale std of the acoustic encoder
+
+    def embed(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
+    def encode(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...  # [1, 1, N] -> [1, T, 64], [1, T, 128]
+    def connect(self, acoustic: np.ndarray, semantic: np.ndarray) -> np.ndarray: ...  # -> [1, T, H]
+    def lm_stream(self) -> LmStream: ...  # an empty stream of the language model
+    def logits(self, hidden: np.ndarray) -> np.ndarray: ...  # [1, H] -> [V]
+
+
+@dataclass
+class TranscriptionResult:
+    tokens: list[int] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)  # top-2 logit margin of each greedy pick
+    logits: list[np.ndarray] = field(default_factory=list)  # every step's logits, when kept (verify)
+    stop_reason: str = ""
+
+
+def stop_ids(tokenizer) -> set[int]:
+    return {tokenizer.token_to_id(token) for token in STOP_TOKENS} - {None}
+
+
+def audio_embeddings(backend: AsrBackend, samples: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """[T, H] for T = ceil(N / 3200): what fills the prompt's placeholders. `rng` None: the encoder means."""
+    if len(samples) > SINGLE_PASS_SAMPLES:
+        raise VibeVoiceError(f"the audio is {len(samples) / SAMPLE_RATE:.1f} s long; audio over 60 s (upstream's "
+                             "segmented streaming encode) is not supported yet")
+    acoustic, semantic = backend.encode(np.asarray(samples, np.float32)[None, None])
+    if rng is not None:
+        scale = np.float32(rng.standard_normal() * backend.acoustic_std)
+        acoustic = acoustic + scale * rng.standard_normal(acoustic.shape, dtype=np.float32)
+    return backend.connect(acoustic, semantic)[0]
+
+
+def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, stops: set[int],
+                      max_new_tokens: int, result: TranscriptionResult, keep_logits: bool = False) -> Iterator[int]:
+    """Yield each greedy token as it is picked (the stop token included), filling `result`."""
+    if max_new_tokens < 1:
+        raise VibeVoiceError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if len(audio) != len(prompt.audio_positions):
+        raise VibeVoiceError(f"the prompt has {len(prompt.audio_positions)} audio slots but the audio gives {len(audio)}")
+    embeds = backend.embed(prompt.ids).copy()
+    embeds[0, prompt.audio_positions] = audio
+    stream = backend.lm_stream()
+    hidden = stream.step(embeds)[:, -1]
+    for _ in range(max_new_tokens):
+        logits = backend.logits(hidden)
+        if not np.all(np.isfinite(logits)):
+            raise VibeVoiceError(f"the language model's logits hold NaN or infinity at token {len(result.tokens)}")
+        token = int(np.argmax(logits))
+        top2 = np.partition(logits, -2)[-2:]
+        result.tokens.append(token)
+        result.margins.append(float(top2[1] - top2[0]))
+        if keep_logits:
+            result.logits.append(np.asarray(logits, np.float32))
+        yield token
+        if token in stops:
+            result.stop_reason = "eos"
+            return
+        hidden = stream.step(backend.embed([token]))[:, -1]
+    result.stop_reason = "max_new_tokens"
+
+
+def run_transcription(backend: AsrBackend, prompt: AsrPrompt, samples: np.ndarray, stops: set[int],
+                      max_new_tokens: int, rng: np.random.Generator | None, keep_logits: bool = False) -> TranscriptionResult:
+    result = TranscriptionResult()
+    for _ in transcribe_tokens(backend, prompt, audio_embeddings(backend, samples, rng), stops, max_new_tokens, result,
+                               keep_logits):
+        pass
+    return result
+

@@ -1,0 +1,59 @@
+"""The VibeVoice-ASR reference: transformers' VibeVoiceAsrForConditionalGeneration (either hub layout, loaded
+strictly), its modules called one by one in fp32 by the shared loop (generation/asr.py), with upstream's
+non-streaming padding in the encoders (transformers' own generate pads the waveform to whole frames and
+always streams, which can differ from upstream in the last frame)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache
+
+from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.files import read_config
+from ..errors import CheckpointError
+from ..generation.common import LmStream
+from .modules import UpstreamPadding, as_tensor
+
+
+class AsrReference:
+    """The loaded model with the dims the loop and the export need; also the loop's torch backend."""
+
+    def __init__(self, model, dims: ModelDims):
+        self.model, self.dims = model.eval(), dims
+        self.parts = model.model  # language_model, acoustic/semantic_tokenizer_encoder, multi_modal_projector
+        self.acoustic_std = dims.acoustic_encoder.sample_std
+
+    def embed(self, ids):
+        return self.parts.language_model.embed_tokens(torch.as_tensor(np.asarray(ids))[None]).numpy()
+
+    def encode(self, audio):
+        audio = as_tensor(audio)
+        acoustic = self.parts.acoustic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
+        semantic = self.parts.semantic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
+        return acoustic.numpy(), semantic.numpy()
+
+    def connect(self, acoustic, semantic):
+        return self.parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()
+
+    def lm_stream(self) -> LmStream:
+        def run(embeds, positions, cache):
+            out = self.parts.language_model(inputs_embeds=as_tensor(embeds), position_ids=torch.from_numpy(positions),
+                                            past_key_values=cache, use_cache=True)
+            return out.last_hidden_state.numpy(), cache
+
+        return LmStream(run, DynamicCache(), 0)
+
+    def logits(self, hidden):
+        return self.model.lm_head(as_tensor(hidden)).numpy()[0]
+
+
+def load_asr(checkpoint: Path, compact: bool = False) -> AsrReference:
+    from .loading import load_transformers_model
+
+    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
+    if dims.kind not in ("asr", "asr-hf"):
+        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr or asr-hf")
+    return AsrReference(load_transformers_model(checkpoint, compact), dims)
