@@ -1,6 +1,8 @@
 """VibeVoice-ASR: the shared transcription loop on the PyTorch reference, against transformers' own generate,
 in both hub layouts."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,8 @@ from vibevoice_onnx.errors import VibeVoiceError
 from vibevoice_onnx.generation.asr import run_transcription, stop_ids
 from vibevoice_onnx.reference.asr import load_asr
 from vibevoice_onnx.transcription import build_asr_prompt
+
+from conftest import copy_bundle
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +67,95 @@ def test_audio_over_60_seconds_is_refused_for_now(reference, tokenizer):
     samples = np.zeros(24000 * 61, np.float32)
     with pytest.raises(VibeVoiceError, match="over 60 s"):
         run_transcription(reference, build_asr_prompt(tokenizer, len(samples)), samples, stop_ids(tokenizer), 4, None)
+
+
+@pytest.fixture(scope="module")
+def asr_bundle(tiny_checkpoints, tokenizer, tmp_path_factory):
+    from vibevoice_onnx.export.build import build_bundle
+
+    root = tmp_path_factory.mktemp("asr-bundle")
+    tokenizer.save(str(root / "tokenizer.json"))
+    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+
+
+def test_asr_bundle_passes_its_gates(asr_bundle, capsys):
+    from vibevoice_onnx.cli import main
+
+    assert main(["verify", str(asr_bundle), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    gates = {g["name"]: g for g in record["gates"]}
+    assert record["passed"] and {"lm_head", "audio_connector", "closed loop: greedy tokens agree"} <= gates.keys()
+    assert any(name.startswith("lm KV: prefill") for name in gates)
+    loop = record["closed_loop"]
+    assert loop["tokens"] == loop["agreeing_prefix"] > 0 and loop["audio_tokens"] == -(-int(loop["seconds"] * 24000) // 3200)
+
+
+def test_asr_bundle_fails_on_a_corrupted_head(asr_bundle, tmp_path, capsys):
+    import onnx
+    from onnx import numpy_helper
+
+    from vibevoice_onnx.cli import main
+
+    bundle = copy_bundle(asr_bundle, tmp_path / "broken")
+    model = onnx.load(str(bundle / "lm_head.onnx"))
+    weight = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
+    values = numpy_helper.to_array(weight).copy()
+    values[: len(values) // 2] *= -1
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(model, str(bundle / "lm_head.onnx"))
+    assert main(["verify", str(bundle)]) == 1
+    failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
+    assert "lm_head" in failed and "encoder" not in " ".join(failed)
+
+
+def test_runtime_transcribes_like_the_reference(asr_bundle, tiny_checkpoints, tokenizer):
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    samples = speech_like(3200 * 5 + 10, seed=3) * 0.5
+    transcript = Transcriber(asr_bundle).transcribe(samples, sample_rate=24000, max_new_tokens=16, mean_latents=True)
+    from vibevoice_onnx.audio import db_normalize
+
+    expected = run_transcription(load_asr(tiny_checkpoints["asr"]), build_asr_prompt(tokenizer, len(samples)),
+                                 db_normalize(samples), stop_ids(tokenizer), 16, rng=None)
+    assert transcript.tokens == expected.tokens
+    assert transcript.raw == tokenizer.decode(expected.tokens, skip_special_tokens=False)
+    seeded = [Transcriber(asr_bundle).transcribe(samples, sample_rate=24000, max_new_tokens=8, seed=11).tokens for _ in range(2)]
+    assert seeded[0] == seeded[1]  # the acoustic noise follows the seed
+
+
+def test_transcribe_cli_keeps_the_good_results_when_one_input_is_bad(asr_bundle, tmp_path, capsys):
+    import soundfile as sf
+
+    from vibevoice_onnx.cli import main
+
+    good = tmp_path / "talk.flac"
+    sf.write(str(good), np.stack([speech_like(30000), speech_like(30000, 1)], axis=1), 16000)
+    silent, broken = tmp_path / "silence.wav", tmp_path / "notes.wav"
+    sf.write(str(silent), np.zeros(24000, np.float32), 24000)
+    broken.write_text("not audio")
+    out = tmp_path / "out"
+    code = main(["transcribe", str(asr_bundle), str(good), str(silent), str(broken), "-o", str(out), "--format", "raw",
+                 "--max-new-tokens", "6", "--mean-latents"])
+    err = capsys.readouterr().err
+    assert code == 2 and "2 of 3 input(s) could not be transcribed" in err
+    assert "silence.wav: is silent" in err and "notes.wav: not an audio file" in err
+    assert sorted(p.name for p in out.iterdir()) == ["talk.raw"] and (out / "talk.raw").read_text()
+    assert main(["transcribe", str(asr_bundle), str(good), "--max-new-tokens", "6", "--mean-latents"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["segments"] == [] and "text" in printed  # random weights write no JSON transcript
+
+
+@pytest.mark.slow
+def test_both_layouts_build_the_same_graphs(asr_bundle, tiny_checkpoints, tokenizer, tmp_path):
+    """The codes-layout checkpoint resaved by transformers (the -HF layout) builds graphs that compute alike."""
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    load_asr(tiny_checkpoints["asr"]).model.save_pretrained(tmp_path / "hf")
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", tokenizer=tmp_path / "tokenizer.json")
+    assert hf_bundle.parent.name == "asr-hf"
+    samples = speech_like(3200 * 4 + 99, seed=4)
+    runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
+            for b in (asr_bundle, hf_bundle)]
+    assert runs[0] == runs[1]

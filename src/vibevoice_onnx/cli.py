@@ -144,6 +144,52 @@ def cmd_decode(args) -> int:
     return 0
 
 
+def cmd_transcribe(args) -> int:
+    """Each input transcribed in turn; one that fails is reported and the others still get their results."""
+    from .outputs import atomic_file, check_output_file
+    from .runtime.asr import MAX_NEW_TOKENS, Transcriber
+    from .transcription import render
+
+    inputs = [Path(a) for a in args.audio]
+    several = len(inputs) > 1
+    target = Path(args.output) if args.output else None
+    if target is not None and several:
+        if target.exists() and not target.is_dir():
+            raise VibeVoiceError(f"{target}: is a file; with several inputs, -o names a directory")
+        target.mkdir(parents=True, exist_ok=True)
+    elif target is not None:
+        check_output_file(target)
+    transcriber = Transcriber(Path(args.bundle), threads=args.threads)
+    failures = 0
+    for path in inputs:
+        def progress(tokens, seconds, name=path.name):
+            if tokens % 16 == 0:
+                print(f"\r{name}: {tokens} tokens, {tokens / max(seconds, 1e-9):.1f} tokens/s", end="", file=sys.stderr, flush=True)
+
+        try:
+            print(f"{path.name}: encoding", file=sys.stderr, flush=True)
+            result = transcriber.transcribe(path, hotwords=args.hotwords, max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
+                                            seed=args.seed, mean_latents=args.mean_latents, progress=progress)
+        except VibeVoiceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failures += 1
+            continue
+        print(f"\r{path.name}: {len(result.tokens)} tokens, {len(result.segments)} segments, {result.audio_seconds:.2f} s of "
+              f"audio, {result.timings['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
+        if result.note:
+            print(f"warning: {path.name}: {result.note}", file=sys.stderr)
+        text = render(args.format, result.segments, result.text, result.raw)
+        if target is None:
+            sys.stdout.write(text)
+            continue
+        out = target / f"{path.stem}.{args.format}" if several else target
+        with atomic_file(out, f"writing the {args.format} transcript") as partial:
+            partial.write_text(text, encoding="utf-8")
+    if failures:
+        raise VibeVoiceError(f"{failures} of {len(inputs)} input(s) could not be transcribed (see above)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .runtime.bench import bench, format_report, plot
     from .runtime.realtime import DECODE_GROUP
@@ -267,6 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_decode)
+
+    p = sub.add_parser("transcribe", help="transcribe audio files with an ASR bundle (speakers, timestamps)")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("audio", nargs="+", metavar="AUDIO", help="files soundfile reads (any rate and channel count)")
+    p.add_argument("--format", default="json", choices=["json", "srt", "vtt", "txt", "raw"])
+    p.add_argument("-o", "--output", metavar="OUT", help="a file for one input, a directory for several (default: stdout)")
+    p.add_argument("--hotwords", metavar="TEXT", help="names, terms or context to help recognition (upstream's hotword prompt)")
+    p.add_argument("--max-new-tokens", type=cli_type("max_new_tokens"), metavar="N", help="stop after N tokens (default 32768)")
+    p.add_argument("--seed", type=cli_type("seed"), help="seed of the acoustic latents' noise (default: random)")
+    p.add_argument("--mean-latents", action="store_true", help="use the acoustic encoder's mean: a deterministic run")
+    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
+    p.set_defaults(func=cmd_transcribe)
 
     p = sub.add_parser("bench", help="time a realtime bundle: real-time factor, first audio, per-graph cost, "
                        "weight bytes per frame against this machine's memory bandwidth, peak memory")

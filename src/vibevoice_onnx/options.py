@@ -27,6 +27,7 @@ LIMITS = {
     "max_frames": Limit(1, None, True),
     "threads": Limit(1, 1024, True),
     "decode_group": Limit(1, 64, True),  # realtime: frames decoded per call after the first
+    "max_new_tokens": Limit(1, 131072, True),  # ASR: tokens generated at most
 }
 
 

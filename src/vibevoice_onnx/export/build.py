@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -108,9 +109,9 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
 def _exporter(kind: str):
     """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
-    from . import realtime, tts15b
+    from . import asr, realtime, tts15b
 
-    exporters = {"realtime": realtime, "1.5b": tts15b}
+    exporters = {"realtime": realtime, "1.5b": tts15b, "asr": asr, "asr-hf": asr}
     if kind not in exporters:
         raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {', '.join(exporters)})")
     return exporters[kind]
@@ -191,6 +192,24 @@ def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> No
         graphs[name] = {**graph_entry(path, extra), "precision": details}
 
 
+def require_memory_for_fp32(files, kind: str) -> None:
+    """Refuse, before any work, a build whose fp32 model cannot fit this machine's memory: the export holds
+    the model in fp32 (the memory-bounded streaming export for the 7B ASR model is not written yet)."""
+    import math
+
+    parameters = sum(math.prod(t.shape) for t in files.tensors.values())
+    needed = parameters * 4 * 1.2  # the fp32 weights, and a margin for the exporter's own copies of small parts
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if needed > available:
+        raise VibeVoiceError(
+            f"building this {kind} checkpoint ({parameters / 1e9:.2f} B parameters) holds its fp32 model, about "
+            f"{needed / 1e9:.0f} GB, but this machine has {available / 1e9:.0f} GB available; the memory-bounded "
+            "export for large ASR checkpoints is not supported yet")
+
+
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None) -> Path:
     check_variant(device, precision)
@@ -199,6 +218,8 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     dims = model_dims(files.config, str(checkpoint / "config.json"))
     exporter = _exporter(dims.kind)
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
+    if dims.kind in ("asr", "asr-hf"):
+        require_memory_for_fp32(files, dims.kind)
     if precision in ("int8", "int4"):
         from .precision import policy
 

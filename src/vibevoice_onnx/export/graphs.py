@@ -18,7 +18,7 @@ from torch.export import Dim
 from transformers.cache_utils import DynamicCache
 
 from ..checkpoints.configs import HeadDims, QwenDims
-from ..reference.modules import ConvState, conv_state_specs
+from ..reference.modules import ConvState, UpstreamPadding, conv_state_specs
 
 OPSET = 18
 EXTERNAL_DATA_BYTES = 64 * 2**20  # graphs with more weights than this keep them in a .onnx.data file
@@ -96,6 +96,24 @@ class GraphSpec:
 
 BATCH = Dim("batch", min=1, max=64)
 FRAMES = Dim("frames", min=1, max=4096)
+
+
+class EncoderGraph(nn.Module):
+    """Whole-sequence encode with upstream's non-streaming padding: audio [B, 1, N] -> means [B, ceil(N/hop), C]."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, audio):
+        return self.encoder(audio, padding_cache=UpstreamPadding()).latents
+
+
+def encoder_spec(name: str, encoder: nn.Module, hop: int, generator: torch.Generator) -> GraphSpec:
+    """An encoder over audio of any length in one pass (see EncoderGraph), batched."""
+    samples = Dim("samples", min=2, max=hop * 4096)
+    return GraphSpec(name, EncoderGraph(encoder), (torch.randn(2, 1, hop * 2 + 123, generator=generator) * 0.1,),
+                     ["audio"], ["latents"], ({0: BATCH, 2: samples},))
 
 
 def lm_spec(name: str, lm: nn.Module, q: QwenDims, generator: torch.Generator) -> GraphSpec:

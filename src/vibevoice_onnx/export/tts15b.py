@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-from torch.export import Dim
 
-from ..reference.modules import UpstreamPadding
 from ..reference.tts15b import Tts15bReference
-from .graphs import (
-    BATCH, GraphSpec, connector_spec, decoder_specs, head_spec, lm_spec, streaming_encoder_spec,
-)
-
-
-class EncoderGraph(nn.Module):
-    """Whole-sequence encode with upstream's non-streaming padding: audio [B, 1, N] -> means [B, ceil(N/hop), C]."""
-
-    def __init__(self, encoder: nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, audio):
-        return self.encoder(audio, padding_cache=UpstreamPadding()).latents
+from .graphs import GraphSpec, connector_spec, decoder_specs, encoder_spec, head_spec, lm_spec, streaming_encoder_spec
 
 
 def load_model(checkpoint):
@@ -35,15 +19,12 @@ def graph_specs(reference: Tts15bReference) -> list[GraphSpec]:
     dims, parts = reference.dims, reference.parts
     acoustic, semantic = dims.acoustic_encoder, dims.semantic_encoder
     g = torch.Generator().manual_seed(0)
-    samples = Dim("samples", min=2, max=acoustic.hop * 4096)
     return [
         lm_spec("lm", parts.language_model, dims.lm, g),
         head_spec(parts.diffusion_head, dims.head, g),
         connector_spec("acoustic_connector", parts.multi_modal_projector, acoustic.vae_dim, g),
         connector_spec("semantic_connector", parts.semantic_connector, semantic.vae_dim, g),
-        GraphSpec("acoustic_encoder", EncoderGraph(reference.acoustic_encoder),
-                  (torch.randn(2, 1, acoustic.hop * 2 + 123, generator=g) * 0.1,), ["audio"], ["latents"],
-                  ({0: BATCH, 2: samples},)),
+        encoder_spec("acoustic_encoder", reference.acoustic_encoder, acoustic.hop, g),
         *decoder_specs(reference.acoustic_decoder, dims.acoustic_decoder.vae_dim, g),
         streaming_encoder_spec("semantic_encoder_stream", reference.semantic_encoder, semantic.hop, g),
     ]

@@ -19,26 +19,30 @@ from .modules import UpstreamPadding, as_tensor
 
 
 class AsrReference:
-    """The loaded model with the dims the loop and the export need; also the loop's torch backend."""
+    """The loaded model with the dims the loop and the export need; also the loop's torch backend (no grad)."""
 
     def __init__(self, model, dims: ModelDims):
         self.model, self.dims = model.eval(), dims
         self.parts = model.model  # language_model, acoustic/semantic_tokenizer_encoder, multi_modal_projector
         self.acoustic_std = dims.acoustic_encoder.sample_std
 
+    @torch.no_grad()
     def embed(self, ids):
         return self.parts.language_model.embed_tokens(torch.as_tensor(np.asarray(ids))[None]).numpy()
 
+    @torch.no_grad()
     def encode(self, audio):
         audio = as_tensor(audio)
         acoustic = self.parts.acoustic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
         semantic = self.parts.semantic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
         return acoustic.numpy(), semantic.numpy()
 
+    @torch.no_grad()
     def connect(self, acoustic, semantic):
         return self.parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()
 
     def lm_stream(self) -> LmStream:
+        @torch.no_grad()
         def run(embeds, positions, cache):
             out = self.parts.language_model(inputs_embeds=as_tensor(embeds), position_ids=torch.from_numpy(positions),
                                             past_key_values=cache, use_cache=True)
@@ -46,6 +50,7 @@ class AsrReference:
 
         return LmStream(run, DynamicCache(), 0)
 
+    @torch.no_grad()
     def logits(self, hidden):
         return self.model.lm_head(as_tensor(hidden)).numpy()[0]
 

@@ -1,0 +1,128 @@
+"""VibeVoice-ASR without PyTorch: the bundle's graphs under the shared transcription loop.
+
+    Transcriber(bundle).transcribe("meeting.wav", hotwords="Zorblax")  ->  Transcript(segments, text, raw, tokens)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, db_normalize, read_audio
+from ..errors import VibeVoiceError
+from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, transcribe_tokens
+from ..generation.common import LmStream
+from ..transcription import Segment, build_asr_prompt, parse_transcript
+from .bundle import Bundle
+from .lm import OnnxLm, empty_cache
+
+F32 = np.float32
+ASR_KINDS = ("asr", "asr-hf")
+MAX_NEW_TOKENS = 32768  # upstream's demo
+
+
+class OnnxAsrBackend:
+    """Evaluates each ASR component with its ONNX graph; the KV cache is a list of arrays."""
+
+    def __init__(self, bundle: Bundle):
+        if bundle.kind not in ASR_KINDS:
+            raise VibeVoiceError(f"{bundle.path}: is a {bundle.kind} bundle, not an ASR one")
+        self.bundle = bundle
+        (self.embed_table,) = bundle.host_tensors("embed_tokens")
+        self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
+        self.lm = OnnxLm(bundle, "lm")
+        self.sessions = {name: bundle.session(name) for name in
+                         ("lm_head", "acoustic_encoder", "semantic_encoder", "audio_connector")}
+
+    def embed(self, ids):
+        return self.embed_table[np.asarray(ids)].astype(F32)[None]
+
+    def encode(self, audio):
+        feeds = {"audio": np.ascontiguousarray(audio, dtype=F32)}
+        return (self.sessions["acoustic_encoder"].run(None, feeds)[0],
+                self.sessions["semantic_encoder"].run(None, feeds)[0])
+
+    def connect(self, acoustic, semantic):
+        return self.sessions["audio_connector"].run(None, {"acoustic_latents": acoustic, "semantic_latents": semantic})[0]
+
+    def lm_stream(self) -> LmStream:
+        return LmStream(self.lm.unbatched, empty_cache(self.bundle, "lm"), 0)
+
+    def logits(self, hidden):
+        return self.sessions["lm_head"].run(None, {"hidden_states": np.ascontiguousarray(hidden, dtype=F32)})[0][0]
+
+
+@dataclass
+class Transcript:
+    segments: list[Segment]
+    text: str  # the generated text without special tokens
+    raw: str  # the generated text with its special tokens, exactly as decoded
+    tokens: list[int]
+    note: str | None  # what was off when parsing (a cut-off array, skipped items)
+    audio_seconds: float
+    timings: dict = field(default_factory=dict)
+
+
+class Transcriber:
+    """An ASR bundle opened for transcription (onnxruntime + numpy only)."""
+
+    def __init__(self, bundle: Bundle | str | Path, threads: int | None = None):
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), threads=threads)
+        self.backend = OnnxAsrBackend(self.bundle)
+        self.tokenizer = self.bundle.tokenizer
+        self.stops = stop_ids(self.tokenizer)
+
+    def load(self, audio: str | Path | np.ndarray, sample_rate: int | None = None) -> np.ndarray:
+        """Normalised 24 kHz mono samples from a file, or from samples at `sample_rate`."""
+        if isinstance(audio, (str, Path)):
+            samples, _ = read_audio(Path(audio))
+            where = str(audio)
+        else:
+            samples, where = _resampled(np.asarray(audio, F32), sample_rate), "the audio"
+        if samples.size == 0:
+            raise VibeVoiceError(f"{where}: holds no audio (zero samples)")
+        if not np.any(samples):
+            raise VibeVoiceError(f"{where}: is silent, so there is nothing to transcribe")
+        return db_normalize(samples)
+
+    def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, hotwords: str | None = None,
+                   max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None, mean_latents: bool = False,
+                   progress=None) -> Transcript:
+        """`progress(tokens, seconds)` is called after each token. Without `seed`, the acoustic noise is random."""
+        samples = self.load(audio, sample_rate)
+        prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
+        started = time.perf_counter()
+        rng = None if mean_latents else np.random.default_rng(seed)
+        embeddings = audio_embeddings(self.backend, samples, rng)
+        encoded = time.perf_counter()
+        result = TranscriptionResult()
+        for count, _ in enumerate(transcribe_tokens(self.backend, prompt, embeddings, self.stops, max_new_tokens, result), 1):
+            if progress is not None:
+                progress(count, time.perf_counter() - encoded)
+        done = time.perf_counter()
+        raw = self.tokenizer.decode(result.tokens, skip_special_tokens=False)
+        text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        try:
+            segments, note = parse_transcript(text)
+        except VibeVoiceError as e:
+            segments, note = [], str(e)
+        if result.stop_reason == "max_new_tokens":
+            note = (note + "; " if note else "") + f"stopped at the {max_new_tokens}-token limit"
+        return Transcript(segments, text, raw, result.tokens, note, len(samples) / SAMPLE_RATE,
+                          {"encode_seconds": encoded - started, "decode_seconds": done - encoded,
+                           "tokens_per_second": len(result.tokens) / max(done - encoded, 1e-9)})
+
+
+def _resampled(samples: np.ndarray, rate: int | None) -> np.ndarray:
+    if rate is None:
+        raise VibeVoiceError("give sample_rate with raw samples")
+    if samples.ndim == 2:
+        samples = samples.mean(axis=1, dtype=F32)
+    if rate == SAMPLE_RATE:
+        return np.ascontiguousarray(samples, F32)
+    import soxr
+
+    return soxr.resample(samples, rate, SAMPLE_RATE, quality="HQ").astype(F32)
