@@ -159,3 +159,21 @@ def test_both_layouts_build_the_same_graphs(asr_bundle, tiny_checkpoints, tokeni
     runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
             for b in (asr_bundle, hf_bundle)]
     assert runs[0] == runs[1]
+
+
+def test_transcribe_and_bench_run_with_torch_and_transformers_blocked(asr_bundle, tiny_bundle, tmp_path):
+    import soundfile as sf
+
+    from helpers import run_torch_free
+
+    clip = tmp_path / "clip.wav"
+    sf.write(str(clip), speech_like(20000), 24000)
+    proc = run_torch_free(f"""
+import vibevoice_onnx.runtime.asr, vibevoice_onnx.runtime.bench, vibevoice_onnx.transcription, vibevoice_onnx.generation.asr
+from vibevoice_onnx.cli import main
+assert main(["transcribe", {str(asr_bundle)!r}, {str(clip)!r}, "--format", "srt", "--max-new-tokens", "4",
+             "--mean-latents", "-o", {str(tmp_path / "clip.srt")!r}]) == 0
+assert main(["bench", {str(tiny_bundle)!r}, "--frames", "2", "--json"]) == 0
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-free ok" in proc.stdout and (tmp_path / "clip.srt").is_file()
