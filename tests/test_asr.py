@@ -2,6 +2,7 @@
 in both hub layouts."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,3 +178,49 @@ assert main(["bench", {str(tiny_bundle)!r}, "--frames", "2", "--json"]) == 0
 """)
     assert proc.returncode == 0, proc.stderr
     assert "torch-free ok" in proc.stdout and (tmp_path / "clip.srt").is_file()
+
+
+def test_int8_and_int4_asr_bundles_are_built_from_fp32_and_judged(asr_bundle, tiny_checkpoints, tokenizer, capsys):
+    from vibevoice_onnx.cli import main
+
+    root = asr_bundle.parent.parent
+    for precision in ("int8", "int4"):
+        assert main(["build", str(tiny_checkpoints["asr"]), "-o", str(root), "--precision", precision,
+                     "--tokenizer", str(root.parent / "tokenizer.json")]) == 0
+        bundle = root / "asr" / f"cpu_{precision}"
+        graphs = json.loads((bundle / "manifest.json").read_text())["graphs"]
+        assert graphs["lm"]["precision"]["bits"] == graphs["lm_head"]["precision"]["bits"] == int(precision[3:])
+        assert graphs["acoustic_encoder"]["precision"] == {"scheme": "fp32"}
+        capsys.readouterr()
+        code = main(["verify", str(bundle), "--json"])
+        record = json.loads(capsys.readouterr().out)
+        assert code == (0 if record["passed"] else 1) and "random weights" in record["caveat"]
+        assert record["thresholds"]["graph_min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
+        if precision == "int8":
+            assert record["passed"]
+
+
+SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
+
+
+@pytest.mark.parametrize("fmt", ["json", "srt", "vtt", "txt", "raw"])
+def test_real_speech_is_transcribed_in_every_format(asr_bundle, tokenizer, tmp_path, fmt):
+    if not SPEECH.is_file():
+        pytest.skip("../shared/fixtures/audio is not available")
+    from vibevoice_onnx.cli import main
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    out = tmp_path / f"speech.{fmt}"
+    assert main(["transcribe", str(asr_bundle), str(SPEECH), "--format", fmt, "-o", str(out), "--max-new-tokens", "5",
+                 "--mean-latents", "--hotwords", "VibeVoice"]) == 0
+    expected = Transcriber(asr_bundle).transcribe(SPEECH, max_new_tokens=5, mean_latents=True, hotwords="VibeVoice")
+    assert len(expected.tokens) == 5 and expected.audio_seconds == pytest.approx(17.28, abs=0.01)
+    written = out.read_text()
+    if fmt == "raw":
+        assert written == tokenizer.decode(expected.tokens, skip_special_tokens=False)
+    elif fmt == "json":
+        assert json.loads(written) == {"segments": [], "text": expected.text}
+    elif fmt == "vtt":
+        assert written.startswith("WEBVTT")
+    else:  # a random model writes no JSON transcript, so no segments to list
+        assert written == ""

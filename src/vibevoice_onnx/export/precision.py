@@ -63,7 +63,10 @@ POLICIES = {
         "int4": {"lower_lm": INT4, "upper_lm": INT4, "diffusion_head": INT8,
                  "acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8},
     },
+    # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32.
+    "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4}},
 }
+POLICIES["asr-hf"] = POLICIES["asr"]
 
 
 def policy(kind: str, precision: str) -> dict[str, Scheme]:
