@@ -146,20 +146,36 @@ def test_transcribe_cli_keeps_the_good_results_when_one_input_is_bad(asr_bundle,
     assert printed["segments"] == [] and "text" in printed  # random weights write no JSON transcript
 
 
-@pytest.mark.slow
-def test_both_layouts_build_the_same_graphs(asr_bundle, tiny_checkpoints, tokenizer, tmp_path):
-    """The codes-layout checkpoint resaved by transformers (the -HF layout) builds graphs that compute alike."""
+@pytest.fixture(scope="module")
+def quantized_asr_bundles(asr_bundle, tiny_checkpoints):
+    from vibevoice_onnx.cli import main
+
+    root = asr_bundle.parent.parent
+    for precision in ("int8", "int4"):
+        assert main(["build", str(tiny_checkpoints["asr"]), "-o", str(root), "--precision", precision,
+                     "--tokenizer", str(root.parent / "tokenizer.json")]) == 0
+    return {precision: root / "asr" / f"cpu_{precision}" for precision in ("int8", "int4")}
+
+
+def test_both_layouts_build_the_same_graphs(asr_bundle, quantized_asr_bundles, tiny_checkpoints, tokenizer, tmp_path, capsys):
+    """The codes-layout checkpoint resaved by transformers' own save_pretrained (the -HF layout) builds,
+    verifies and transcribes token for token like the codes layout, in fp32 and in int4."""
+    from vibevoice_onnx.cli import main
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.asr import Transcriber
 
     load_asr(tiny_checkpoints["asr"]).model.save_pretrained(tmp_path / "hf")
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", tokenizer=tmp_path / "tokenizer.json")
-    assert hf_bundle.parent.name == "asr-hf"
     samples = speech_like(3200 * 4 + 99, seed=4)
-    runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
-            for b in (asr_bundle, hf_bundle)]
-    assert runs[0] == runs[1]
+    for precision, codes_bundle in (("fp32", asr_bundle), ("int4", quantized_asr_bundles["int4"])):
+        hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", precision=precision, tokenizer=tmp_path / "tokenizer.json")
+        assert hf_bundle.parent.name == "asr-hf"
+        runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
+                for b in (codes_bundle, hf_bundle)]
+        assert runs[0] == runs[1]
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "onnx" / "asr-hf" / "cpu_fp32")]) == 0
+    assert "all gates passed" in capsys.readouterr().out
 
 
 def test_transcribe_and_bench_run_with_torch_and_transformers_blocked(asr_bundle, tiny_bundle, tmp_path):
@@ -180,16 +196,13 @@ assert main(["bench", {str(tiny_bundle)!r}, "--frames", "2", "--json"]) == 0
     assert "torch-free ok" in proc.stdout and (tmp_path / "clip.srt").is_file()
 
 
-def test_int8_and_int4_asr_bundles_are_built_from_fp32_and_judged(asr_bundle, tiny_checkpoints, tokenizer, capsys):
+def test_int8_and_int4_asr_bundles_are_streamed_quantized_and_judged(quantized_asr_bundles, capsys):
     from vibevoice_onnx.cli import main
 
-    root = asr_bundle.parent.parent
-    for precision in ("int8", "int4"):
-        assert main(["build", str(tiny_checkpoints["asr"]), "-o", str(root), "--precision", precision,
-                     "--tokenizer", str(root.parent / "tokenizer.json")]) == 0
-        bundle = root / "asr" / f"cpu_{precision}"
+    for precision, bundle in quantized_asr_bundles.items():
         graphs = json.loads((bundle / "manifest.json").read_text())["graphs"]
         assert graphs["lm"]["precision"]["bits"] == graphs["lm_head"]["precision"]["bits"] == int(precision[3:])
+        assert graphs["lm"]["precision"]["streamed"] and graphs["lm_head"]["precision"]["matmuls"] == 1
         assert graphs["acoustic_encoder"]["precision"] == {"scheme": "fp32"}
         capsys.readouterr()
         code = main(["verify", str(bundle), "--json"])
@@ -198,6 +211,37 @@ def test_int8_and_int4_asr_bundles_are_built_from_fp32_and_judged(asr_bundle, ti
         assert record["thresholds"]["graph_min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
         if precision == "int8":
             assert record["passed"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+def test_streamed_lm_computes_what_the_in_memory_export_computes(tiny_checkpoints, tmp_path, precision):
+    """The LM and its head traced on a skeleton, their weights streamed from the shards (quantized one tensor
+    at a time), against the same graphs exported from the fully loaded model (and quantized whole)."""
+    import onnxruntime as ort
+
+    from vibevoice_onnx.export import asr
+    from vibevoice_onnx.export.graphs import export_graph
+    from vibevoice_onnx.export.precision import policy, quantize_graph
+    from vibevoice_onnx.export.streaming import export_streamed
+
+    checkpoint = tiny_checkpoints["asr"]
+    skeleton, full = asr.load_model(checkpoint), load_asr(checkpoint)
+    held = [p.untyped_storage().nbytes() for name, p in skeleton.model.named_parameters() if name.startswith(asr.STREAMED)]
+    assert len(held) == len(skeleton.deferred) and max(held) <= 4  # placeholders only: one broadcast zero each
+    schemes = policy("asr", precision)
+    (tmp_path / "streamed").mkdir(), (tmp_path / "memory").mkdir()
+    for streamed_spec, full_spec in zip(asr.graph_specs(skeleton)[:2], asr.graph_specs(full)[:2]):
+        name = streamed_spec.name
+        streamed, details = export_streamed(streamed_spec, tmp_path / "streamed", asr.streamed_weights(streamed_spec, skeleton),
+                                            schemes.get(name), log=lambda line: None)
+        in_memory = export_graph(full_spec, tmp_path / "memory", log=lambda line: None)
+        if name in schemes:
+            quantize_graph(in_memory, schemes[name], external_data=False)
+            assert details["matmuls"] == {"lm": 7 * skeleton.dims.lm.layers, "lm_head": 1}[name]
+        feeds = {k: v.numpy() for k, v in zip(full_spec.inputs, full_spec.example)}
+        outputs = [ort.InferenceSession(str(path)).run(None, feeds) for path in (streamed, in_memory)]
+        for got, expected in zip(*outputs):
+            np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
 
 
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"

@@ -1,6 +1,10 @@
 """What a VibeVoice-ASR bundle holds (either hub layout; the same graphs from the same weights): the language
 model with KV cache, its head, both encoders (one pass, upstream's non-streaming padding) and the connectors'
-sum, from transformers' model loaded strictly."""
+sum, from transformers' model loaded strictly.
+
+The LM's layers and its head (7.6 B of the 8.3 B parameters at full size) are never loaded: the model is a
+skeleton with placeholders there, and the export streams those weights from the shards (export/streaming.py),
+quantizing them on the way for int8 and int4, so a build peaks far below the fp32 model's 33 GB."""
 
 from __future__ import annotations
 
@@ -11,10 +15,25 @@ from ..reference.asr import AsrReference
 from .graphs import BATCH, FRAMES, GraphSpec, encoder_spec, lm_spec
 
 
-def load_model(checkpoint) -> AsrReference:
-    from ..reference.asr import load_asr
+STREAMED = ("model.language_model.layers.", "lm_head.")  # the weights left in the shards
 
-    return load_asr(checkpoint)
+
+def load_model(checkpoint) -> AsrReference:
+    from ..checkpoints.configs import model_dims
+    from ..checkpoints.files import read_config
+    from ..reference.loading import load_skeleton
+
+    model, deferred = load_skeleton(checkpoint, lambda target: target.startswith(STREAMED))
+    reference = AsrReference(model, model_dims(read_config(checkpoint), str(checkpoint / "config.json")))
+    reference.deferred = deferred
+    return reference
+
+
+def streamed_weights(spec: GraphSpec, reference: AsrReference) -> dict:
+    """The spec's placeholders, by the graph's own parameter names, with where each weight is stored."""
+    targets = {id(p): target for target, p in reference.model.named_parameters()}
+    return {name: reference.deferred[targets[id(p)]] for name, p in spec.module.named_parameters()
+            if targets.get(id(p)) in reference.deferred}
 
 
 def graph_specs(reference: AsrReference) -> list[GraphSpec]:

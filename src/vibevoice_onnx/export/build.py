@@ -149,10 +149,19 @@ def reusable_fp32(kind_root: Path, source_hash: str) -> Path | None:
     return None
 
 
-def _fresh_graphs(exporter, model, files, tmp: Path) -> dict:
+def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict) -> dict:
+    """Every graph of the kind; those whose weights stay in the shards are streamed (and quantized as their
+    scheme says) instead of exported from memory."""
+    from .streaming import export_streamed
+
     graphs = {}
     for spec in exporter.graph_specs(model):
-        graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
+        deferred = exporter.streamed_weights(spec, model) if hasattr(exporter, "streamed_weights") else {}
+        if deferred:
+            path, details = export_streamed(spec, tmp, deferred, schemes.get(spec.name), log)
+            graphs[spec.name] = {**graph_entry(path, spec.extra), **({"precision": details} if details else {})}
+        else:
+            graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
     save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
     return graphs
 
@@ -179,6 +188,8 @@ def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> No
     for name, graph in graphs.items():
         path = tmp / graph["file"]
         external = graph.get("external_data") is not None
+        if graph.get("precision", {}).get("streamed"):
+            continue  # quantized as its weights streamed in
         if precision == "fp16":
             details = convert_fp16(path, external)
         elif name in schemes:
@@ -192,24 +203,6 @@ def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> No
         graphs[name] = {**graph_entry(path, extra), "precision": details}
 
 
-def require_memory_for_fp32(files, kind: str) -> None:
-    """Refuse, before any work, a build whose fp32 model cannot fit this machine's memory: the export holds
-    the model in fp32 (the memory-bounded streaming export for the 7B ASR model is not written yet)."""
-    import math
-
-    parameters = sum(math.prod(t.shape) for t in files.tensors.values())
-    needed = parameters * 4 * 1.2  # the fp32 weights, and a margin for the exporter's own copies of small parts
-    try:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if needed > available:
-        raise VibeVoiceError(
-            f"building this {kind} checkpoint ({parameters / 1e9:.2f} B parameters) holds its fp32 model, about "
-            f"{needed / 1e9:.0f} GB, but this machine has {available / 1e9:.0f} GB available; the memory-bounded "
-            "export for large ASR checkpoints is not supported yet")
-
-
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None) -> Path:
     check_variant(device, precision)
@@ -218,25 +211,24 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     dims = model_dims(files.config, str(checkpoint / "config.json"))
     exporter = _exporter(dims.kind)
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
-    if dims.kind in ("asr", "asr-hf"):
-        require_memory_for_fp32(files, dims.kind)
-    if precision in ("int8", "int4"):
-        from .precision import policy
+    from .precision import policy
 
-        policy(dims.kind, precision)  # refuses a kind without one before any work
+    schemes = policy(dims.kind, precision)  # refuses a kind without one before any work
 
     final = Path(out_root) / dims.kind / f"{device}_{precision}"
     started = time.perf_counter()
     log("  hashing the source checkpoint")
     source_hash = checkpoint_hash(checkpoint, files)
-    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" else None
+    # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph.
+    streams = hasattr(exporter, "streamed_weights")
+    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" and not streams else None
     if source is None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
     else:
         log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
-        graphs = _fresh_graphs(exporter, model, files, tmp) if source is None else _copied_graphs(source, tmp)
+        graphs = _fresh_graphs(exporter, model, files, tmp, schemes) if source is None else _copied_graphs(source, tmp)
         if precision != "fp32":
             _convert_precision(dims.kind, precision, graphs, tmp)
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")

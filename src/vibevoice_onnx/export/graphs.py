@@ -191,12 +191,11 @@ def _param_bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = print) -> Path:
-    path = Path(out_dir) / f"{spec.name}.onnx"
-    external = _param_bytes(spec.module) > EXTERNAL_DATA_BYTES
+def trace(spec: GraphSpec, optimize: bool = True):
+    """torch.onnx (dynamo) on the spec's wrapper: the ONNXProgram, not yet saved."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
+        return torch.onnx.export(
             spec.module.eval(),
             spec.example,
             dynamo=True,
@@ -204,9 +203,14 @@ def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = pr
             output_names=spec.outputs,
             dynamic_shapes=spec.dynamic,
             opset_version=OPSET,
-            optimize=True,
+            optimize=optimize,
             verbose=False,
         )
-    program.save(str(path), external_data=external)
+
+
+def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = print) -> Path:
+    path = Path(out_dir) / f"{spec.name}.onnx"
+    external = _param_bytes(spec.module) > EXTERNAL_DATA_BYTES
+    trace(spec).save(str(path), external_data=external)
     log(f"  exported {spec.name} ({_param_bytes(spec.module) / 1e6:.1f} MB of weights)")
     return path

@@ -104,6 +104,18 @@ def _gemm_to_matmul(model: onnx.ModelProto) -> int:
     return rewritten
 
 
+def _nbits_quantizer():
+    """onnxruntime's MatMulNBits quantizer module, imported without the root-logger setup it does on import
+    (which would print every later INFO line of every library)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    from onnxruntime.quantization import matmul_nbits_quantizer
+
+    root.setLevel(level)
+    root.handlers[:] = handlers
+    return matmul_nbits_quantizer
+
+
 def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer)
 
@@ -118,9 +130,7 @@ def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
         quantized = _dynamic(model, path, external_data)
         count = sum(1 for n in quantized.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul"))
     else:
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        quantizer = MatMulNBitsQuantizer(model, bits=scheme.bits, block_size=scheme.block_size,
+        quantizer = _nbits_quantizer().MatMulNBitsQuantizer(model, bits=scheme.bits, block_size=scheme.block_size,
                                          is_symmetric=scheme.symmetric, accuracy_level=scheme.accuracy_level)
         with _quiet(logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")):  # a line per node
             quantizer.process()
@@ -128,6 +138,23 @@ def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
         count = sum(1 for n in quantized.graph.node if n.op_type == "MatMulNBits")
         _save(quantized, path, external_data)
     return {**scheme.describe(), "matmuls": count, "weight_bytes_before": before, "weight_bytes_after": weight_bytes(quantized)}
+
+
+def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict, list[tuple[str, np.ndarray]]]:
+    """One MatMul weight [K, N] through onnxruntime's own MatMulNBits quantizer, on its own: the node's
+    attributes and its named tensors (packed weight, scales, zero points), exactly what `quantize_graph`
+    makes of the same weight inside a whole graph, for an export that streams weights one at a time."""
+    nbits = _nbits_quantizer()
+    if scheme.method != "blockwise":
+        raise VibeVoiceError(f"{scheme.name} cannot be applied one weight at a time (blockwise schemes only)")
+    config = nbits.DefaultWeightOnlyQuantConfig(block_size=scheme.block_size, is_symmetric=scheme.symmetric,
+                                          accuracy_level=scheme.accuracy_level, bits=scheme.bits)
+    holder = helper.make_graph([], "weight", [], [], initializer=[numpy_helper.from_array(weight, name)])
+    node = helper.make_node("MatMul", ["input", name], ["output"], name=name + "_matmul")
+    (quantized,) = nbits.DefaultWeightOnlyQuantizer(config).quantize_matmul(node, [holder])
+    made = {t.name: t for t in holder.initializer[1:]}
+    attributes = {a.name: helper.get_attribute_value(a) for a in quantized.attribute}
+    return attributes, [(n, numpy_helper.to_array(made[n])) for n in quantized.input[1:]]
 
 
 def _dynamic(model: onnx.ModelProto, path: Path, external_data: bool) -> onnx.ModelProto:

@@ -9,6 +9,7 @@ needs the module's own memory plus one tensor.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..checkpoints.configs import model_dims
-from ..checkpoints.files import CheckpointFiles, open_checkpoint
+from ..checkpoints.files import CheckpointFiles, open_checkpoint, read_config
 from ..checkpoints.inspect import inspect_checkpoint
 from ..checkpoints.names import (
     asr_codes_to_hf, normalise_key, realtime_to_reference, tts_1p5b_to_hf,
@@ -79,13 +80,48 @@ def compute_in_fp32(module: nn.Module) -> None:
                 parametrize.register_parametrization(sub, name, _Upcast(), unsafe=True)
 
 
+@dataclass(frozen=True)
+class DeferredWeight:
+    """A weight left in its shard: the export streams it into the bundle instead of holding the model."""
+
+    shard: Path
+    name: str  # as stored
+    shape: tuple[int, ...]
+
+    def read(self) -> torch.Tensor:
+        with safe_open(str(self.shard), framework="pt") as f:
+            return f.get_tensor(self.name)
+
+
+def placeholder(shape) -> torch.Tensor:
+    """A tensor of the right shape that holds no memory (one zero, broadcast): enough to trace a graph."""
+    return torch.zeros((), dtype=torch.float32).expand(*shape)
+
+
+def _assign(module: nn.Module, target: str, slot: torch.Tensor, value: torch.Tensor) -> None:
+    if not slot.is_meta:
+        slot.data = value
+        return
+    # A skeleton built on the meta device: a meta tensor cannot take data, so the parameter itself is replaced.
+    owner_name, _, leaf = target.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    if leaf in owner._parameters:
+        owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[leaf] = value
+
+
 def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rename,
-              allowed_absent: tuple[str, ...] = (), dtype=torch.float32, compact: bool = False) -> None:
+              allowed_absent: tuple[str, ...] = (), dtype=torch.float32, compact: bool = False,
+              defer: Callable[[str], bool] | None = None) -> dict[str, DeferredWeight]:
     """Fill `module` strictly; `compact` keeps large half-precision weights as stored and computes with them
-    in fp32 (compute_in_fp32), for a reference that must fit beside a bundle's sessions."""
+    in fp32 (compute_in_fp32), for a reference that must fit beside a bundle's sessions. Targets for which
+    `defer` is true are checked (name, shape) but not read: they get a placeholder and are returned, by
+    target name, for the export to stream (the module may then be a skeleton built on the meta device)."""
     targets = module.state_dict(keep_vars=True)
     filled: set[str] = set()
     unexpected: list[str] = []
+    deferred: dict[str, DeferredWeight] = {}
     for shard in files.shards:
         with safe_open(str(files.root / shard), framework="pt") as f:
             for stored_name in f.keys():
@@ -95,18 +131,22 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
                 if target not in targets:
                     unexpected.append(f"{stored_name} -> {target}")
                     continue
-                tensor = f.get_tensor(stored_name)
                 slot = targets[target]
-                if tuple(tensor.shape) != tuple(slot.shape):
+                shape = tuple(f.get_slice(stored_name).get_shape())
+                if shape != tuple(slot.shape):
                     raise CheckpointError(
-                        f"{files.root / shard}: '{stored_name}' has shape {list(tensor.shape)}, "
+                        f"{files.root / shard}: '{stored_name}' has shape {list(shape)}, "
                         f"the reference expects {list(slot.shape)} for '{target}'"
                     )
                 with torch.no_grad():
-                    if compact and keeps_stored_dtype(target, tensor):
-                        slot.data = tensor.clone()
+                    if defer is not None and defer(target):
+                        deferred[target] = DeferredWeight(files.root / shard, stored_name, shape)
+                        value = placeholder(shape)
                     else:
-                        slot.data = tensor.to(dtype).clone() if slot.dtype.is_floating_point else tensor.clone()
+                        tensor = f.get_tensor(stored_name)
+                        keep = compact and keeps_stored_dtype(target, tensor)
+                        value = tensor.clone() if keep or not slot.dtype.is_floating_point else tensor.to(dtype).clone()
+                    _assign(module, target, slot, value)
                 filled.add(target)
     missing = sorted(set(targets) - filled - set(allowed_absent))
     if missing or unexpected:
@@ -118,6 +158,7 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
         raise CheckpointError(f"{files.root}: strict load failed: " + "; ".join(parts))
     if compact:
         compute_in_fp32(module)
+    return deferred
 
 
 def load_realtime(root: Path):
@@ -139,21 +180,49 @@ def load_realtime(root: Path):
 def load_transformers_model(root: Path, compact: bool = False):
     """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict); see
     load_into for `compact`."""
-    root = Path(root)
+    if model_dims(read_config(Path(root)), str(Path(root) / "config.json")).kind == "realtime":
+        return load_realtime(root)
+    return _load_hf(Path(root), compact, None)[0]
+
+
+def load_skeleton(root: Path, defer: Callable[[str], bool]) -> tuple[nn.Module, dict[str, DeferredWeight]]:
+    """The transformers model with the targets `defer` selects left in the shards (see load_into): only the
+    rest is ever in memory, so a 7B model can be exported on a machine that could not hold it in fp32."""
+    return _load_hf(Path(root), False, defer)
+
+
+def _load_hf(root: Path, compact: bool, defer):
     report = check_layout(root)
     files = open_checkpoint(root)
     dims = model_dims(files.config, str(root / "config.json"))
-    if dims.kind == "realtime":
-        return load_realtime(root)
     from .hf_models import build_hf_model
 
-    model = build_hf_model(dims)
+    if defer is None:
+        model = build_hf_model(dims)
+    else:
+        with torch.device("meta"):  # no memory until each tensor is loaded or given its placeholder
+            model = build_hf_model(dims)
     rename, allowed_absent = {
         "1.5b": (tts_1p5b_to_hf, ("lm_head.weight",)),  # tied to embed_tokens: no tensor upstream
         "asr": (asr_codes_to_hf, ()),
         "asr-hf": (lambda name: name, ()),
     }[report["kind"]]
-    load_into(model, files, dims.kind, rename, allowed_absent, compact=compact)
+    deferred = load_into(model, files, dims.kind, rename, allowed_absent, compact=compact, defer=defer)
+    if defer is not None:
+        _materialise_computed_buffers(model)
     if dims.kind == "1.5b":
         model.tie_weights()
-    return model.eval()
+    return model.eval(), deferred
+
+
+def _materialise_computed_buffers(model: nn.Module) -> None:
+    """Buffers no checkpoint stores (rotary inverse frequencies) are computed by their module's constructor:
+    a skeleton rebuilds those modules on the CPU."""
+    for owner in list(model.modules()):
+        for name, child in list(owner.named_children()):
+            if any(b.is_meta for b in child.buffers(recurse=False)) and hasattr(child, "config"):
+                setattr(owner, name, type(child)(config=child.config))
+    left = [name for name, t in model.state_dict(keep_vars=True).items() if t.is_meta]
+    left += [name for name, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise CheckpointError(f"a skeleton model still has tensors without data: {_listing(sorted(set(left)))}")
