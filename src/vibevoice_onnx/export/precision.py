@@ -141,20 +141,22 @@ def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
 
 
 def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict, list[tuple[str, np.ndarray]]]:
-    """One MatMul weight [K, N] through onnxruntime's own MatMulNBits quantizer, on its own: the node's
-    attributes and its named tensors (packed weight, scales, zero points), exactly what `quantize_graph`
-    makes of the same weight inside a whole graph, for an export that streams weights one at a time."""
-    nbits = _nbits_quantizer()
+    """One MatMul weight [K, N] packed by onnxruntime's own MatMulNBits quantizer, on its own: the node's
+    attributes and its named tensors (packed weight, scales, zero points as `quantize_graph` names them),
+    for an export that streams weights one at a time. The same packing as `quantize_graph` (tested)."""
     if scheme.method != "blockwise":
         raise VibeVoiceError(f"{scheme.name} cannot be applied one weight at a time (blockwise schemes only)")
+    nbits = _nbits_quantizer()
     config = nbits.DefaultWeightOnlyQuantConfig(block_size=scheme.block_size, is_symmetric=scheme.symmetric,
-                                          accuracy_level=scheme.accuracy_level, bits=scheme.bits)
-    holder = helper.make_graph([], "weight", [], [], initializer=[numpy_helper.from_array(weight, name)])
-    node = helper.make_node("MatMul", ["input", name], ["output"], name=name + "_matmul")
-    (quantized,) = nbits.DefaultWeightOnlyQuantizer(config).quantize_matmul(node, [holder])
-    made = {t.name: t for t in holder.initializer[1:]}
-    attributes = {a.name: helper.get_attribute_value(a) for a in quantized.attribute}
-    return attributes, [(n, numpy_helper.to_array(made[n])) for n in quantized.input[1:]]
+                                                accuracy_level=scheme.accuracy_level, bits=scheme.bits)
+    packed, scales, zero_points = nbits.DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
+    rows, cols = weight.shape
+    attributes = {"K": rows, "N": cols, "bits": scheme.bits, "block_size": scheme.block_size,
+                  "accuracy_level": scheme.accuracy_level}
+    tensors = [(f"{name}_Q{scheme.bits}", packed), (f"{name}_scales", scales)]
+    if not scheme.symmetric:
+        tensors.append((f"{name}_zero_points", zero_points))
+    return attributes, tensors
 
 
 def _dynamic(model: onnx.ModelProto, path: Path, external_data: bool) -> onnx.ModelProto:
