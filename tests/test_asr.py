@@ -91,6 +91,15 @@ def test_asr_bundle_passes_its_gates(asr_bundle, capsys):
     assert loop["tokens"] == loop["agreeing_prefix"] > 0 and loop["audio_tokens"] == -(-int(loop["seconds"] * 24000) // 3200)
 
 
+def test_verify_refuses_up_front_when_the_fp32_reference_cannot_fit(asr_bundle, monkeypatch, capsys):
+    import vibevoice_onnx.reference.loading as loading
+    from vibevoice_onnx.cli import main
+
+    monkeypatch.setattr(loading, "available_memory", lambda: 400_000)
+    assert main(["verify", str(asr_bundle)]) == 2
+    assert "verifying an ASR bundle holds this checkpoint's model in fp32" in capsys.readouterr().err
+
+
 def test_asr_bundle_fails_on_a_corrupted_head(asr_bundle, tmp_path, capsys):
     import onnx
     from onnx import numpy_helper

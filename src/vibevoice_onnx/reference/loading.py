@@ -161,6 +161,29 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
     return deferred
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get (MemAvailable: free pages plus reclaimable cache)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def require_memory_for_fp32(files: CheckpointFiles, what: str) -> None:
+    """Refuse, before any work, to hold a checkpoint's model in fp32 where it cannot fit this machine."""
+    import math
+
+    parameters = sum(math.prod(t.shape) for t in files.tensors.values())
+    needed, available = parameters * 4 * 1.2, available_memory()  # a margin for activations and small copies
+    if available is not None and needed > available:
+        raise CheckpointError(
+            f"{what} holds this checkpoint's model in fp32 ({parameters / 1e9:.2f} B parameters, about "
+            f"{needed / 1e9:.0f} GB), but this machine has {available / 1e9:.0f} GB available")
+
+
 def load_realtime(root: Path):
     """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict)."""
     from .realtime import RealtimeModel

@@ -79,8 +79,12 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
 
 
 def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    from ..checkpoints.files import open_checkpoint
     from ..reference.asr import load_asr
+    from ..reference.loading import require_memory_for_fp32
 
+    # The layer-by-layer reference a full-size (7B) check needs is not written yet: refuse rather than swap.
+    require_memory_for_fp32(open_checkpoint(checkpoint), "verifying an ASR bundle")
     reference = load_asr(checkpoint)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")

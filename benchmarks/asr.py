@@ -1,0 +1,104 @@
+"""VibeVoice-ASR on a synthetic checkpoint: memory-bounded builds (int8, int4), and `transcribe` of the real
+speech fixture against the PyTorch reference on the same weights, audio and prompt.
+
+    .venv/bin/python benchmarks/asr.py --size full --workdir bench-out/asr [--precisions int4,int8] [--tokens 32]
+
+Each phase runs in its own process so its peak memory (max RSS) is its own. The reference keeps its bf16
+weights and computes in fp32 one layer at a time (a 7B fp32 model does not fit 24 GB). Both sides run the
+shared greedy loop (generation/asr.py) on encoder means, so their tokens can be compared. Results go to
+WORKDIR/results.json. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from phases import CLI, run, run_phase
+
+SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
+
+# Times the shared loop on either backend: encoding, the prefill (up to the first token), then the decode rate.
+TIMED_LOOP = """
+import json, sys, time
+import numpy as np
+from vibevoice_onnx.generation.asr import audio_embeddings, stop_ids, transcribe_tokens, TranscriptionResult
+from vibevoice_onnx.transcription import build_asr_prompt
+from vibevoice_onnx.runtime.bundle import Bundle
+from vibevoice_onnx.runtime.asr import Transcriber
+side, bundle_dir, checkpoint, audio, tokens, threads = sys.argv[1:]
+transcriber = Transcriber(bundle_dir, threads=int(threads))
+samples = transcriber.load(audio)
+if side == "reference":
+    import torch
+    torch.set_num_threads(int(threads))
+    from vibevoice_onnx.reference.asr import load_asr
+    backend = load_asr(checkpoint, compact=True)
+else:
+    backend = transcriber.backend
+prompt = build_asr_prompt(transcriber.tokenizer, len(samples), None)
+start = time.perf_counter()
+embeddings = audio_embeddings(backend, samples, None)
+encoded = time.perf_counter()
+result, stamps = TranscriptionResult(), []
+for _ in transcribe_tokens(backend, prompt, embeddings, set(), int(tokens), result):
+    stamps.append(time.perf_counter())
+decode = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+print(json.dumps({"audio_seconds": round(len(samples) / 24000, 2), "prompt_tokens": len(prompt.ids),
+                  "encode_seconds": round(encoded - start, 2), "prefill_seconds": round(stamps[0] - encoded, 2),
+                  "prefill_tokens_per_second": round(len(prompt.ids) / (stamps[0] - encoded), 1),
+                  "decode_tokens_per_second": round(decode, 2), "tokens": result.tokens}))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "full"], default="full")
+    parser.add_argument("--workdir", default="bench-out/asr")
+    parser.add_argument("--precisions", default="int4,int8")
+    parser.add_argument("--tokens", type=int, default=32, help="greedy tokens to generate (stop tokens ignored)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--tokenizer", help="a Qwen2.5 tokenizer.json (default: the synthetic checkpoint's own)")
+    parser.add_argument("--skip-build", action="store_true", help="reuse WORKDIR's bundles")
+    parser.add_argument("--skip-reference", action="store_true")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint, results = work / "checkpoint", {"size": args.size, "tokens": args.tokens, "threads": args.threads}
+    if not (checkpoint / "config.json").is_file():
+        run_phase("make_checkpoint", [*CLI, "make-checkpoint", "asr", str(checkpoint), "--size", args.size], results, work)
+    tokenizer = ["--tokenizer", args.tokenizer] if args.tokenizer else []
+    precisions = args.precisions.split(",")
+    for precision in precisions:
+        if not args.skip_build:
+            run_phase(f"build_{precision}", [*CLI, "build", str(checkpoint), "-o", str(work / "onnx"), "--precision",
+                                             precision, *tokenizer], results, work)
+        bundle = work / "onnx" / "asr" / f"cpu_{precision}"
+        results[f"bundle_{precision}_gb"] = round(sum(f.stat().st_size for f in bundle.iterdir() if f.is_file()) / 1e9, 2)
+        loop = [sys.executable, "-c", TIMED_LOOP, "runtime", str(bundle), str(checkpoint), str(SPEECH), str(args.tokens),
+                str(args.threads)]
+        proc = run_phase(f"transcribe_{precision}", loop, results, work)
+        if proc.returncode == 0:
+            results[f"transcribe_{precision}"].update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    if not args.skip_reference:
+        bundle = work / "onnx" / "asr" / f"cpu_{precisions[0]}"  # for its tokenizer and audio loading only
+        loop = [sys.executable, "-c", TIMED_LOOP, "reference", str(bundle), str(checkpoint), str(SPEECH), str(args.tokens),
+                str(args.threads)]
+        proc = run_phase("transcribe_pytorch_reference", loop, results, work)
+        if proc.returncode == 0:
+            reference = json.loads(proc.stdout.strip().splitlines()[-1])
+            results["transcribe_pytorch_reference"].update(reference)
+            for precision in precisions:
+                ours = results.get(f"transcribe_{precision}", {}).get("tokens", [])
+                agree = next((i for i, (a, b) in enumerate(zip(ours, reference["tokens"])) if a != b), min(len(ours), len(reference["tokens"])))
+                results[f"tokens_agree_{precision}"] = agree
+    (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
