@@ -24,22 +24,23 @@ SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" /
 # Times the shared loop on either backend: encoding, the prefill (up to the first token), then the decode rate.
 TIMED_LOOP = """
 import json, sys, time
-import numpy as np
-from vibevoice_onnx.generation.asr import audio_embeddings, stop_ids, transcribe_tokens, TranscriptionResult
+from pathlib import Path
+from vibevoice_onnx.audio import db_normalize, read_audio
+from vibevoice_onnx.generation.asr import audio_embeddings, transcribe_tokens, TranscriptionResult
 from vibevoice_onnx.transcription import build_asr_prompt
 from vibevoice_onnx.runtime.bundle import Bundle
-from vibevoice_onnx.runtime.asr import Transcriber
 side, bundle_dir, checkpoint, audio, tokens, threads = sys.argv[1:]
-transcriber = Transcriber(bundle_dir, threads=int(threads))
-samples = transcriber.load(audio)
+bundle = Bundle(Path(bundle_dir), threads=int(threads))  # sessions open only when the runtime side asks
+samples = db_normalize(read_audio(Path(audio))[0])
 if side == "reference":
     import torch
     torch.set_num_threads(int(threads))
     from vibevoice_onnx.reference.asr import load_asr
     backend = load_asr(checkpoint, compact=True)
 else:
-    backend = transcriber.backend
-prompt = build_asr_prompt(transcriber.tokenizer, len(samples), None)
+    from vibevoice_onnx.runtime.asr import OnnxAsrBackend
+    backend = OnnxAsrBackend(bundle)
+prompt = build_asr_prompt(bundle.tokenizer, len(samples), None)
 start = time.perf_counter()
 embeddings = audio_embeddings(backend, samples, None)
 encoded = time.perf_counter()
