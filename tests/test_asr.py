@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from vibevoice_onnx.audio import db_normalize
 from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
 from vibevoice_onnx.errors import VibeVoiceError
-from vibevoice_onnx.generation.asr import run_transcription, stop_ids
+from vibevoice_onnx.generation.asr import encoder_means, run_transcription, stop_ids
 from vibevoice_onnx.reference.asr import load_asr
 from vibevoice_onnx.transcription import build_asr_prompt
 
@@ -64,10 +65,17 @@ def test_the_same_weights_in_either_layout_transcribe_alike(tiny_checkpoints, to
     np.testing.assert_allclose(np.stack(runs[0].logits), np.stack(runs[1].logits), atol=1e-5)
 
 
-def test_audio_over_60_seconds_is_refused_for_now(reference, tokenizer):
-    samples = np.zeros(24000 * 61, np.float32)
-    with pytest.raises(VibeVoiceError, match="over 60 s"):
-        run_transcription(reference, build_asr_prompt(tokenizer, len(samples)), samples, stop_ids(tokenizer), 4, None)
+def test_audio_over_60_seconds_goes_in_upstreams_segments_and_equals_one_pass(reference):
+    """130.3 s: two 60 s segments and a final partial one through the encoders with their conv states, the
+    last padded as upstream pads its final chunk, against one pass with upstream's non-streaming padding."""
+    samples = speech_like(24000 * 130 + 7777, seed=2)
+    calls = []
+    streamed = encoder_means(reference, samples, on_segment=lambda done, total: calls.append((done, total)))
+    one_pass = reference.encode(samples[None, None])
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+    for ours, theirs in zip(streamed, one_pass):
+        assert ours.shape[1] == -(-len(samples) // 3200)
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +131,24 @@ def test_runtime_transcribes_like_the_reference(asr_bundle, tiny_checkpoints, to
 
     samples = speech_like(3200 * 5 + 10, seed=3) * 0.5
     transcript = Transcriber(asr_bundle).transcribe(samples, sample_rate=24000, max_new_tokens=16, mean_latents=True)
-    from vibevoice_onnx.audio import db_normalize
-
     expected = run_transcription(load_asr(tiny_checkpoints["asr"]), build_asr_prompt(tokenizer, len(samples)),
                                  db_normalize(samples), stop_ids(tokenizer), 16, rng=None)
     assert transcript.tokens == expected.tokens
     assert transcript.raw == tokenizer.decode(expected.tokens, skip_special_tokens=False)
     seeded = [Transcriber(asr_bundle).transcribe(samples, sample_rate=24000, max_new_tokens=8, seed=11).tokens for _ in range(2)]
     assert seeded[0] == seeded[1]  # the acoustic noise follows the seed
+
+
+def test_runtime_transcribes_audio_over_60_seconds_like_the_reference(asr_bundle, tiny_checkpoints, tokenizer):
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    samples = speech_like(24000 * 75 + 1234, seed=6)
+    segments = []
+    ours = Transcriber(asr_bundle).transcribe(samples, sample_rate=24000, max_new_tokens=6, mean_latents=True,
+                                              on_segment=lambda done, total: segments.append(total))
+    prompt = build_asr_prompt(tokenizer, len(samples))
+    theirs = run_transcription(load_asr(tiny_checkpoints["asr"]), prompt, db_normalize(samples), stop_ids(tokenizer), 6, None)
+    assert segments == [2, 2] and ours.tokens == theirs.tokens
 
 
 def test_transcribe_cli_keeps_the_good_results_when_one_input_is_bad(asr_bundle, tmp_path, capsys):

@@ -166,10 +166,14 @@ def cmd_transcribe(args) -> int:
             if tokens % 16 == 0:
                 print(f"\r{name}: {tokens} tokens, {tokens / max(seconds, 1e-9):.1f} tokens/s", end="", file=sys.stderr, flush=True)
 
+        def encoded(done, total, name=path.name):
+            print(f"\r{name}: encoded {done} of {total} 60 s segments", end="", file=sys.stderr, flush=True)
+
         try:
             print(f"{path.name}: encoding", file=sys.stderr, flush=True)
             result = transcriber.transcribe(path, hotwords=args.hotwords, max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
-                                            seed=args.seed, mean_latents=args.mean_latents, progress=progress)
+                                            seed=args.seed, mean_latents=args.mean_latents, progress=progress,
+                                            on_segment=encoded)
         except VibeVoiceError as e:
             print(f"error: {e}", file=sys.stderr)
             failures += 1

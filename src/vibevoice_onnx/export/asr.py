@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..reference.asr import AsrReference
-from .graphs import BATCH, FRAMES, GraphSpec, encoder_spec, lm_spec
+from .graphs import BATCH, FRAMES, GraphSpec, encoder_spec, lm_spec, streaming_encoder_spec
 
 
 STREAMED = ("model.language_model.layers.", "lm_head.")  # the weights left in the shards
@@ -37,7 +37,8 @@ def streamed_weights(spec: GraphSpec, reference: AsrReference) -> dict:
 
 
 def graph_specs(reference: AsrReference) -> list[GraphSpec]:
-    """The LM and its head apart (the host runs the greedy pick), both encoders, the connectors' sum."""
+    """The LM and its head apart (the host runs the greedy pick), both encoders (one pass, and streaming for
+    long audio), the connectors' sum."""
     dims, parts, g = reference.dims, reference.parts, torch.Generator().manual_seed(0)
     hop, latents = dims.acoustic_encoder.hop, (dims.acoustic_encoder.vae_dim, dims.semantic_encoder.vae_dim)
     head_input = (torch.randn(1, dims.lm.hidden, generator=g),)
@@ -47,6 +48,9 @@ def graph_specs(reference: AsrReference) -> list[GraphSpec]:
         GraphSpec("lm_head", reference.model.lm_head, head_input, ["hidden_states"], ["logits"], ({0: BATCH},)),
         encoder_spec("acoustic_encoder", parts.acoustic_tokenizer_encoder, hop, g),
         encoder_spec("semantic_encoder", parts.semantic_tokenizer_encoder, hop, g),
+        # Audio over 60 s: upstream's segments, each through the encoders with their conv states.
+        streaming_encoder_spec("acoustic_encoder_stream", parts.acoustic_tokenizer_encoder, hop, g, any_length=True),
+        streaming_encoder_spec("semantic_encoder_stream", parts.semantic_tokenizer_encoder, hop, g, any_length=True),
         GraphSpec("audio_connector", parts.multi_modal_projector, connector_inputs, ["acoustic_latents", "semantic_latents"],
                   ["embeddings"], ({0: BATCH, 1: FRAMES}, {0: BATCH, 1: FRAMES})),
     ]

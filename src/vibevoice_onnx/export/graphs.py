@@ -67,13 +67,13 @@ class StreamingConvGraph(nn.Module):
     A decoder takes latents [1, F, C] and returns audio [1, 1, F·hop]; an encoder takes audio [1, 1, F·hop]
     and returns latents [1, F, C]."""
 
-    def __init__(self, stack: nn.Module, decoder: bool):
+    def __init__(self, stack: nn.Module, decoder: bool, pad_to_stride: bool = False):
         super().__init__()
-        self.stack, self.decoder = stack, decoder
+        self.stack, self.decoder, self.pad_to_stride = stack, decoder, pad_to_stride
         self.specs = conv_state_specs(stack)
 
     def forward(self, chunk, *states):
-        state = ConvState({key: s for (key, _, _), s in zip(self.specs, states)})
+        state = ConvState({key: s for (key, _, _), s in zip(self.specs, states)}, self.pad_to_stride)
         if self.decoder:
             out = self.stack(chunk.transpose(1, 2), padding_cache=state).audio
         else:
@@ -172,17 +172,21 @@ def decoder_specs(decoder: nn.Module, latent: int, generator: torch.Generator, n
     ]
 
 
-def streaming_encoder_spec(name: str, encoder: nn.Module, hop: int, generator: torch.Generator) -> GraphSpec:
-    """An encoder fed whole frames of audio [1, 1, F·hop] with its conv states in and out: F latent frames."""
-    stream = StreamingConvGraph(encoder, decoder=False)
+def streaming_encoder_spec(name: str, encoder: nn.Module, hop: int, generator: torch.Generator,
+                           any_length: bool = False) -> GraphSpec:
+    """An encoder fed whole frames of audio [1, 1, F·hop] with its conv states in and out: F latent frames.
+    `any_length`: a chunk of any length, the last one padded as upstream pads a long recording's final
+    segment (see ConvState's pad_to_stride); whole-frame chunks are unchanged by that."""
+    stream = StreamingConvGraph(encoder, decoder=False, pad_to_stride=any_length)
     states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
+    samples = Dim("samples", min=2, max=hop * 4096) if any_length else hop * FRAMES
     return GraphSpec(
         name,
         stream,
-        (torch.randn(1, 1, 2 * hop, generator=generator) * 0.1, *states),
+        (torch.randn(1, 1, 2 * hop + (123 if any_length else 0), generator=generator) * 0.1, *states),
         ["audio", *[f"state.{key}" for key, _, _ in stream.specs]],
         ["latents", *[f"new_state.{key}" for key, _, _ in stream.specs]],
-        ({2: hop * FRAMES}, tuple({} for _ in states)),
+        ({2: samples}, tuple({} for _ in states)),
         extra=state_extra(stream.specs),
     )
 

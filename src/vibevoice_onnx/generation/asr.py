@@ -1,7 +1,8 @@
 """VibeVoice-ASR's transcription loop (facts 5.3-5.4), written once and run on both backends.
 
 The audio (normalised 24 kHz samples) goes through the acoustic and semantic encoders in one pass with
-upstream's non-streaming padding; the acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per
+upstream's non-streaming padding, or, over 60 s, in upstream's 60 s segments with the encoders' conv
+states carried from one to the next (the last padded as upstream pads its final segment); the acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per
 item times unit noise) unless the caller asks for the means; the connectors' sum fills the prompt's
 placeholders; one prefill; then greedy tokens with the KV cache until `<|endoftext|>` or `<|im_end|>` or
 the token limit.
@@ -10,7 +11,7 @@ the token limit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -26,6 +27,7 @@ class AsrBackend(Protocol):
 
     def embed(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
     def encode(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...  # [1, 1, N] -> [1, T, 64], [1, T, 128]
+    def encoder_stream(self) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]: ...  # the same, per segment
     def connect(self, acoustic: np.ndarray, semantic: np.ndarray) -> np.ndarray: ...  # -> [1, T, H]
     def lm_stream(self) -> LmStream: ...  # an empty stream of the language model
     def logits(self, hidden: np.ndarray) -> np.ndarray: ...  # [1, H] -> [V]
@@ -43,12 +45,26 @@ def stop_ids(tokenizer) -> set[int]:
     return {tokenizer.token_to_id(token) for token in STOP_TOKENS} - {None}
 
 
-def audio_embeddings(backend: AsrBackend, samples: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+def encoder_means(backend: AsrBackend, samples: np.ndarray, segment: int = SINGLE_PASS_SAMPLES,
+                  on_segment: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The acoustic and semantic means [1, T, C] of the whole recording: one pass up to `segment` samples,
+    else segment by segment through the streaming encoders (`on_segment(done, total)` after each)."""
+    audio = np.asarray(samples, np.float32)[None, None]
+    if audio.shape[-1] <= segment:
+        return backend.encode(audio)
+    step, starts = backend.encoder_stream(), range(0, audio.shape[-1], segment)
+    parts = []
+    for done, start in enumerate(starts, 1):
+        parts.append(step(audio[..., start:start + segment]))
+        if on_segment is not None:
+            on_segment(done, len(starts))
+    return tuple(np.concatenate(means, axis=1) for means in zip(*parts))
+
+
+def audio_embeddings(backend: AsrBackend, samples: np.ndarray, rng: np.random.Generator | None,
+                     on_segment: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[T, H] for T = ceil(N / 3200): what fills the prompt's placeholders. `rng` None: the encoder means."""
-    if len(samples) > SINGLE_PASS_SAMPLES:
-        raise VibeVoiceError(f"the audio is {len(samples) / SAMPLE_RATE:.1f} s long; audio over 60 s (upstream's "
-                             "segmented streaming encode) is not supported yet")
-    acoustic, semantic = backend.encode(np.asarray(samples, np.float32)[None, None])
+    acoustic, semantic = encoder_means(backend, samples, on_segment=on_segment)
     if rng is not None:
         scale = np.float32(rng.standard_normal() * backend.acoustic_std)
         acoustic = acoustic + scale * rng.standard_normal(acoustic.shape, dtype=np.float32)

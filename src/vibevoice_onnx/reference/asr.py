@@ -15,7 +15,7 @@ from ..checkpoints.configs import ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
 from ..generation.common import LmStream
-from .modules import UpstreamPadding, as_tensor
+from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 
 
 class AsrReference:
@@ -36,6 +36,18 @@ class AsrReference:
         acoustic = self.parts.acoustic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
         semantic = self.parts.semantic_tokenizer_encoder(audio, padding_cache=UpstreamPadding()).latents
         return acoustic.numpy(), semantic.numpy()
+
+    def encoder_stream(self):
+        """Both encoders fed segment after segment with their conv states (upstream's long-audio path)."""
+        encoders = (self.parts.acoustic_tokenizer_encoder, self.parts.semantic_tokenizer_encoder)
+        states = [ConvState.zeros(conv_state_specs(e), pad_to_stride=True) for e in encoders]
+
+        @torch.no_grad()
+        def step(segment):
+            chunk = as_tensor(segment)
+            return tuple(e(chunk, padding_cache=state).latents.numpy() for e, state in zip(encoders, states))
+
+        return step
 
     @torch.no_grad()
     def connect(self, acoustic, semantic):

@@ -92,18 +92,28 @@ class ConvState:
     transformers' conv modules call `padding_cache.update(x, key, module)` and convolve what it returns; this
     object answers with `cat([state, x])` and keeps the tail that the next call needs. The states live in a
     plain dict, so an exporter can pass them in and out of a graph as tensors.
+
+    `pad_to_stride`: a strided conv's input is also zero-padded on the right to a whole number of strides, as
+    upstream does for the final segment of a long recording (`is_final_chunk`): a chunk of whole frames gets
+    no padding, so one graph serves every segment, and the segments together equal one pass with
+    upstream's non-streaming padding (UpstreamPadding).
     """
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
+    def __init__(self, tensors: dict[str, torch.Tensor], pad_to_stride: bool = False):
         self.tensors = dict(tensors)
+        self.pad_to_stride = pad_to_stride
 
     @classmethod
-    def zeros(cls, specs: list[tuple[str, int, int]], batch: int = 1, dtype=torch.float32) -> "ConvState":
-        return cls({key: torch.zeros(batch, channels, length, dtype=dtype) for key, channels, length in specs})
+    def zeros(cls, specs: list[tuple[str, int, int]], batch: int = 1, dtype=torch.float32,
+              pad_to_stride: bool = False) -> "ConvState":
+        return cls({key: torch.zeros(batch, channels, length, dtype=dtype) for key, channels, length in specs},
+                   pad_to_stride)
 
     def update(self, x: torch.Tensor, key: str, module: nn.Module) -> torch.Tensor:
         full = torch.cat([self.tensors[key], x], dim=-1)
         self.tensors[key] = full[..., full.shape[-1] - self.tensors[key].shape[-1] :]
+        if self.pad_to_stride and hasattr(module, "conv") and module.conv.stride[0] > 1:
+            full = nn.functional.pad(full, (0, (-x.shape[-1]) % module.conv.stride[0]))
         return full
 
 

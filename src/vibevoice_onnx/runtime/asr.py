@@ -17,7 +17,7 @@ from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, tr
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
 from .bundle import Bundle
-from .lm import OnnxLm, empty_cache
+from .lm import OnnxLm, StreamingConv, empty_cache
 
 F32 = np.float32
 ASR_KINDS = ("asr", "asr-hf")
@@ -44,6 +44,24 @@ class OnnxAsrBackend:
         feeds = {"audio": np.ascontiguousarray(audio, dtype=F32)}
         return (self.sessions["acoustic_encoder"].run(None, feeds)[0],
                 self.sessions["semantic_encoder"].run(None, feeds)[0])
+
+    def encoder_stream(self):
+        """Both streaming encoder graphs, fed segment after segment with their conv states (audio over 60 s)."""
+        missing = [n for n in ("acoustic_encoder_stream", "semantic_encoder_stream") if n not in self.bundle.manifest["graphs"]]
+        if missing:
+            raise VibeVoiceError(f"{self.bundle.path}: has no {missing[0]} graph, so it cannot encode audio over 60 s; "
+                                 "rebuild it with this version")
+        streams = [StreamingConv(self.bundle, n) for n in ("acoustic_encoder_stream", "semantic_encoder_stream")]
+        states = [stream.new_state() for stream in streams]
+
+        def step(segment):
+            outputs = []
+            for i, stream in enumerate(streams):
+                latents, states[i] = stream.run(segment, states[i])
+                outputs.append(latents)
+            return tuple(outputs)
+
+        return step
 
     def connect(self, acoustic, semantic):
         return self.sessions["audio_connector"].run(None, {"acoustic_latents": acoustic, "semantic_latents": semantic})[0]
@@ -90,13 +108,14 @@ class Transcriber:
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, hotwords: str | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None, mean_latents: bool = False,
-                   progress=None) -> Transcript:
-        """`progress(tokens, seconds)` is called after each token. Without `seed`, the acoustic noise is random."""
+                   progress=None, on_segment=None) -> Transcript:
+        """`progress(tokens, seconds)` is called after each token, `on_segment(done, total)` after each 60 s
+        segment of audio over 60 s. Without `seed`, the acoustic noise is random."""
         samples = self.load(audio, sample_rate)
         prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
         started = time.perf_counter()
         rng = None if mean_latents else np.random.default_rng(seed)
-        embeddings = audio_embeddings(self.backend, samples, rng)
+        embeddings = audio_embeddings(self.backend, samples, rng, on_segment)
         encoded = time.perf_counter()
         result = TranscriptionResult()
         for count, _ in enumerate(transcribe_tokens(self.backend, prompt, embeddings, self.stops, max_new_tokens, result), 1):

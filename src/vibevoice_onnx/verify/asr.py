@@ -1,4 +1,5 @@
-"""The gates of an ASR bundle against the fp32 PyTorch reference: every graph, KV incremental == prefill, and
+"""The gates of an ASR bundle against the fp32 PyTorch reference: every graph, KV incremental == prefill,
+the streaming encoders over several segments == one pass, and
 the closed loop: the runtime's greedy tokens equal the reference's on a speech clip (the encoder means, so
 both see the same audio embeddings), with the smallest top-2 logit margin beside it."""
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from ..audio import db_normalize, read_audio
-from ..generation.asr import run_transcription, stop_ids
+from ..generation.asr import encoder_means, run_transcription, stop_ids
 from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
 from ..runtime.asr import OnnxAsrBackend
@@ -48,6 +49,14 @@ def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
                                ("semantic_encoder", parts.semantic_tokenizer_encoder, ours[1])):
         theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
         gates.append(compare(f"{name} (2.2 frames, upstream's padding)", [out], [theirs], min_cosine=limit))
+    # Long audio's path, on short segments of 5 frames: two whole ones and a partial last one.
+    hop = dims.acoustic_encoder.hop
+    audio = probe.normal(1, 1, 13 * hop + 555) * 0.1
+    streamed = encoder_means(runtime, audio[0, 0], segment=5 * hop)
+    for (name, encoder), out in zip((("acoustic_encoder_stream", parts.acoustic_tokenizer_encoder),
+                                     ("semantic_encoder_stream", parts.semantic_tokenizer_encoder)), streamed):
+        theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
+        gates.append(compare(f"{name} (3 segments, states) == one pass", [out], [theirs], min_cosine=limit))
     acoustic, semantic = probe.normal(1, 4, dims.acoustic_encoder.vae_dim), probe.normal(1, 4, dims.semantic_encoder.vae_dim)
     gates.append(compare("audio_connector", [runtime.connect(acoustic, semantic)],
                          [parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()], min_cosine=limit))
