@@ -1,6 +1,6 @@
 """What a VibeVoice-ASR bundle holds (either hub layout; the same graphs from the same weights): the language
-model with KV cache, its head, both encoders (one pass, upstream's non-streaming padding) and the connectors'
-sum, from transformers' model loaded strictly.
+model with KV cache, its head, both encoders (streaming: a segment of any length with its conv states in and
+out) and the connectors' sum, from transformers' model loaded strictly.
 
 The LM's layers and its head (7.6 B of the 8.3 B parameters at full size) are never loaded: the model is a
 skeleton with placeholders there, and the export streams those weights from the shards (export/streaming.py),
@@ -12,21 +12,13 @@ import numpy as np
 import torch
 
 from ..reference.asr import AsrReference
-from .graphs import BATCH, FRAMES, GraphSpec, encoder_spec, lm_spec, streaming_encoder_spec
-
-
-STREAMED = ("model.language_model.layers.", "lm_head.")  # the weights left in the shards
+from .graphs import BATCH, FRAMES, GraphSpec, lm_spec, streaming_encoder_spec
 
 
 def load_model(checkpoint) -> AsrReference:
-    from ..checkpoints.configs import model_dims
-    from ..checkpoints.files import read_config
-    from ..reference.loading import load_skeleton
+    from ..reference.asr import load_asr_skeleton
 
-    model, deferred = load_skeleton(checkpoint, lambda target: target.startswith(STREAMED))
-    reference = AsrReference(model, model_dims(read_config(checkpoint), str(checkpoint / "config.json")))
-    reference.deferred = deferred
-    return reference
+    return load_asr_skeleton(checkpoint)
 
 
 def streamed_weights(spec: GraphSpec, reference: AsrReference) -> dict:
@@ -37,8 +29,8 @@ def streamed_weights(spec: GraphSpec, reference: AsrReference) -> dict:
 
 
 def graph_specs(reference: AsrReference) -> list[GraphSpec]:
-    """The LM and its head apart (the host runs the greedy pick), both encoders (one pass, and streaming for
-    long audio), the connectors' sum."""
+    """The LM and its head apart (the host runs the greedy pick), both encoders with their conv states, the
+    connectors' sum."""
     dims, parts, g = reference.dims, reference.parts, torch.Generator().manual_seed(0)
     hop, latents = dims.acoustic_encoder.hop, (dims.acoustic_encoder.vae_dim, dims.semantic_encoder.vae_dim)
     head_input = (torch.randn(1, dims.lm.hidden, generator=g),)
@@ -46,9 +38,8 @@ def graph_specs(reference: AsrReference) -> list[GraphSpec]:
     return [
         lm_spec("lm", parts.language_model, dims.lm, g),
         GraphSpec("lm_head", reference.model.lm_head, head_input, ["hidden_states"], ["logits"], ({0: BATCH},)),
-        encoder_spec("acoustic_encoder", parts.acoustic_tokenizer_encoder, hop, g),
-        encoder_spec("semantic_encoder", parts.semantic_tokenizer_encoder, hop, g),
-        # Audio over 60 s: upstream's segments, each through the encoders with their conv states.
+        # One graph per encoder serves both of upstream's paths: up to 60 s in one pass (one segment from zero
+        # states is exactly upstream's non-streaming padding), longer audio in 60 s segments with the states.
         streaming_encoder_spec("acoustic_encoder_stream", parts.acoustic_tokenizer_encoder, hop, g, any_length=True),
         streaming_encoder_spec("semantic_encoder_stream", parts.semantic_tokenizer_encoder, hop, g, any_length=True),
         GraphSpec("audio_connector", parts.multi_modal_projector, connector_inputs, ["acoustic_latents", "semantic_latents"],

@@ -149,20 +149,35 @@ def reusable_fp32(kind_root: Path, source_hash: str) -> Path | None:
     return None
 
 
-def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict) -> dict:
+def _copy_graph(source: Path, graph: dict, tmp: Path) -> dict:
+    for name in (graph["file"], graph.get("external_data")):
+        if name:
+            shutil.copyfile(source / name, tmp / name)
+    return graph
+
+
+def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Path | None) -> dict:
     """Every graph of the kind; those whose weights stay in the shards are streamed (and quantized as their
-    scheme says) instead of exported from memory."""
+    scheme says) instead of exported from memory. The others, with an fp32 `sibling` bundle of the same
+    checkpoint, are copied from it with its host tensors (they stay fp32 in every precision)."""
     from .streaming import export_streamed
 
+    kept = json.loads((sibling / MANIFEST).read_text())["graphs"] if sibling else {}
     graphs = {}
     for spec in exporter.graph_specs(model):
         deferred = exporter.streamed_weights(spec, model) if hasattr(exporter, "streamed_weights") else {}
         if deferred:
             path, details = export_streamed(spec, tmp, deferred, schemes.get(spec.name), log)
             graphs[spec.name] = {**graph_entry(path, spec.extra), **({"precision": details} if details else {})}
+        elif spec.name in kept:
+            graphs[spec.name] = _copy_graph(sibling, kept[spec.name], tmp)
+            log(f"  kept {spec.name} of {sibling}")
         else:
             graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
-    save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
+    if sibling:
+        shutil.copyfile(sibling / HOST_TENSORS, tmp / HOST_TENSORS)
+    else:
+        save_file(exporter.host_tensors(files, model), str(tmp / HOST_TENSORS))
     return graphs
 
 
@@ -170,9 +185,7 @@ def _copied_graphs(source: Path, tmp: Path) -> dict:
     """The fp32 sibling's graphs, host tensors and voices (a voice fits every precision of its model)."""
     manifest = json.loads((source / MANIFEST).read_text())
     for graph in manifest["graphs"].values():
-        for name in (graph["file"], graph.get("external_data")):
-            if name:
-                shutil.copyfile(source / name, tmp / name)
+        _copy_graph(source, graph, tmp)
     shutil.copyfile(source / manifest["host_tensors"], tmp / HOST_TENSORS)
     shutil.copytree(source / "voices", tmp / "voices", ignore=shutil.ignore_patterns(".*"))
     log(f"  kept {len(list((tmp / 'voices').glob('*.safetensors')))} voice(s) of {source}")
@@ -219,16 +232,20 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     started = time.perf_counter()
     log("  hashing the source checkpoint")
     source_hash = checkpoint_hash(checkpoint, files)
-    # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph.
+    # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
+    # an fp32 sibling it takes only the graphs that stay fp32.
     streams = hasattr(exporter, "streamed_weights")
-    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" and not streams else None
-    if source is None:
+    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" else None
+    if source is None or streams:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
-    else:
+    if source is not None:
         log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
-        graphs = _fresh_graphs(exporter, model, files, tmp, schemes) if source is None else _copied_graphs(source, tmp)
+        if source is None or streams:
+            graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source)
+        else:
+            graphs = _copied_graphs(source, tmp)
         if precision != "fp32":
             _convert_precision(dims.kind, precision, graphs, tmp)
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")

@@ -100,6 +100,18 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
     result.stop_reason = "max_new_tokens"
 
 
+def forced_logits(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, tokens: list[int]) -> np.ndarray:
+    """[len(tokens), V]: the logits each token was picked from, with the prompt and the earlier tokens fed in
+    one pass (teacher forcing). Greedy decoding on this backend gives `tokens` exactly when each row's
+    argmax is its token; a verifier needs one pass of the model instead of one per token."""
+    embeds = backend.embed(prompt.ids).copy()
+    embeds[0, prompt.audio_positions] = audio
+    if len(tokens) > 1:
+        embeds = np.concatenate([embeds, backend.embed(tokens[:-1])], axis=1)
+    hidden = backend.lm_stream().step(embeds)[0, -len(tokens):]
+    return np.stack([backend.logits(row[None]) for row in hidden])
+
+
 def run_transcription(backend: AsrBackend, prompt: AsrPrompt, samples: np.ndarray, stops: set[int],
                       max_new_tokens: int, rng: np.random.Generator | None, keep_logits: bool = False) -> TranscriptionResult:
     result = TranscriptionResult()

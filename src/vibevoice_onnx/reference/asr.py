@@ -15,6 +15,7 @@ from ..checkpoints.configs import ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
 from ..generation.common import LmStream
+from .loading import placeholder
 from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 
 
@@ -67,10 +68,53 @@ class AsrReference:
         return self.model.lm_head(as_tensor(hidden)).numpy()[0]
 
 
-def load_asr(checkpoint: Path, compact: bool = False) -> AsrReference:
-    from .loading import load_transformers_model
+LM_WEIGHTS = ("model.language_model.layers.", "lm_head.")  # 7.6 of the 8.3 B parameters at full size
 
+
+def _checked_dims(checkpoint: Path) -> ModelDims:
     dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
     if dims.kind not in ("asr", "asr-hf"):
         raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr or asr-hf")
+    return dims
+
+
+def load_asr(checkpoint: Path, compact: bool = False) -> AsrReference:
+    from .loading import load_transformers_model
+
+    dims = _checked_dims(checkpoint)
     return AsrReference(load_transformers_model(checkpoint, compact), dims)
+
+
+def load_asr_skeleton(checkpoint: Path) -> AsrReference:
+    """The reference with the LM's layers and head left in the shards (placeholders, see load_skeleton);
+    `deferred` says where each of those weights is stored."""
+    from .loading import load_skeleton
+
+    dims = _checked_dims(checkpoint)
+    model, deferred = load_skeleton(Path(checkpoint), lambda target: target.startswith(LM_WEIGHTS))
+    reference = AsrReference(model, dims)
+    reference.deferred = deferred
+    return reference
+
+
+def load_asr_layer_streamed(checkpoint: Path) -> AsrReference:
+    """The fp32 reference for a model that cannot be held: each LM layer and the head read their weights from
+    the shards just before they run and drop them after, so memory holds the encoders, the embedding and
+    one layer. Slow (every LM call reads the LM once), exact (the same fp32 math)."""
+    reference = load_asr_skeleton(checkpoint)
+    model, deferred = reference.model, reference.deferred
+    owners = [f"model.language_model.layers.{i}" for i in range(reference.dims.lm.layers)] + ["lm_head"]
+    for owner in owners:
+        names = [target for target in deferred if target.startswith(owner + ".")]
+
+        def load(module, args, names=names):
+            for target in names:
+                model.get_parameter(target).data = deferred[target].read().to(torch.float32)
+
+        def drop(module, args, output, names=names):
+            for target in names:
+                model.get_parameter(target).data = placeholder(deferred[target].shape)
+
+        model.get_submodule(owner).register_forward_pre_hook(load)
+        model.get_submodule(owner).register_forward_hook(drop)
+    return reference

@@ -24,6 +24,9 @@ ASR_KINDS = ("asr", "asr-hf")
 MAX_NEW_TOKENS = 32768  # upstream's demo
 
 
+ENCODERS = ("acoustic_encoder_stream", "semantic_encoder_stream")
+
+
 class OnnxAsrBackend:
     """Evaluates each ASR component with its ONNX graph; the KV cache is a list of arrays."""
 
@@ -34,30 +37,28 @@ class OnnxAsrBackend:
         (self.embed_table,) = bundle.host_tensors("embed_tokens")
         self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
         self.lm = OnnxLm(bundle, "lm")
-        self.sessions = {name: bundle.session(name) for name in
-                         ("lm_head", "acoustic_encoder", "semantic_encoder", "audio_connector")}
+        self.sessions = {name: bundle.session(name) for name in ("lm_head", "audio_connector")}
+        missing = [n for n in ENCODERS if n not in bundle.manifest["graphs"]]
+        if missing:
+            raise VibeVoiceError(f"{bundle.path}: has no {missing[0]} graph (an ASR bundle of an earlier version); "
+                                 "rebuild it with this version")
+        self.encoders = [StreamingConv(bundle, name) for name in ENCODERS]
 
     def embed(self, ids):
         return self.embed_table[np.asarray(ids)].astype(F32)[None]
 
     def encode(self, audio):
-        feeds = {"audio": np.ascontiguousarray(audio, dtype=F32)}
-        return (self.sessions["acoustic_encoder"].run(None, feeds)[0],
-                self.sessions["semantic_encoder"].run(None, feeds)[0])
+        """One pass: the whole recording as one segment from zero states (upstream's non-streaming padding)."""
+        return self.encoder_stream()(audio)
 
     def encoder_stream(self):
-        """Both streaming encoder graphs, fed segment after segment with their conv states (audio over 60 s)."""
-        missing = [n for n in ("acoustic_encoder_stream", "semantic_encoder_stream") if n not in self.bundle.manifest["graphs"]]
-        if missing:
-            raise VibeVoiceError(f"{self.bundle.path}: has no {missing[0]} graph, so it cannot encode audio over 60 s; "
-                                 "rebuild it with this version")
-        streams = [StreamingConv(self.bundle, n) for n in ("acoustic_encoder_stream", "semantic_encoder_stream")]
-        states = [stream.new_state() for stream in streams]
+        """Both encoders fed segment after segment with their conv states (audio over 60 s)."""
+        states = [encoder.new_state() for encoder in self.encoders]
 
         def step(segment):
             outputs = []
-            for i, stream in enumerate(streams):
-                latents, states[i] = stream.run(segment, states[i])
+            for i, encoder in enumerate(self.encoders):
+                latents, states[i] = encoder.run(segment, states[i])
                 outputs.append(latents)
             return tuple(outputs)
 

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from ..audio import db_normalize, read_audio
-from ..generation.asr import encoder_means, run_transcription, stop_ids
+from ..generation.asr import audio_embeddings, encoder_means, forced_logits, run_transcription, stop_ids
 from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
-from ..runtime.asr import OnnxAsrBackend
+from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..runtime.lm import empty_cache
 from ..transcription import build_asr_prompt
@@ -43,20 +43,15 @@ def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     hidden = probe.normal(3, dims.lm.hidden)
     gates.append(compare("lm_head", [np.stack([runtime.logits(h[None]) for h in hidden])],
                          [reference.model.lm_head(as_tensor(hidden)).numpy()], min_cosine=limit))
-    audio = probe.normal(1, 1, 2 * dims.acoustic_encoder.hop + 777) * 0.1
-    ours = runtime.encode(audio)
-    for name, encoder, out in (("acoustic_encoder", parts.acoustic_tokenizer_encoder, ours[0]),
-                               ("semantic_encoder", parts.semantic_tokenizer_encoder, ours[1])):
-        theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
-        gates.append(compare(f"{name} (2.2 frames, upstream's padding)", [out], [theirs], min_cosine=limit))
-    # Long audio's path, on short segments of 5 frames: two whole ones and a partial last one.
-    hop = dims.acoustic_encoder.hop
-    audio = probe.normal(1, 1, 13 * hop + 555) * 0.1
-    streamed = encoder_means(runtime, audio[0, 0], segment=5 * hop)
-    for (name, encoder), out in zip((("acoustic_encoder_stream", parts.acoustic_tokenizer_encoder),
-                                     ("semantic_encoder_stream", parts.semantic_tokenizer_encoder)), streamed):
-        theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
-        gates.append(compare(f"{name} (3 segments, states) == one pass", [out], [theirs], min_cosine=limit))
+    # One segment from zero states (audio up to 60 s), then long audio's path on short segments of 5 frames:
+    # two whole ones and a partial last one; both against one pass of the reference with upstream's padding.
+    hop, encoders = dims.acoustic_encoder.hop, (parts.acoustic_tokenizer_encoder, parts.semantic_tokenizer_encoder)
+    for label, audio, segment in (("2.2 frames, one segment", probe.normal(1, 1, 2 * hop + 777) * 0.1, None),
+                                  ("3 segments, states", probe.normal(1, 1, 13 * hop + 555) * 0.1, 5 * hop)):
+        ours = encoder_means(runtime, audio[0, 0], segment=segment or audio.shape[-1])
+        for name, encoder, out in zip(ENCODERS, encoders, ours):
+            theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
+            gates.append(compare(f"{name} ({label}) == one pass, upstream's padding", [out], [theirs], min_cosine=limit))
     acoustic, semantic = probe.normal(1, 4, dims.acoustic_encoder.vae_dim), probe.normal(1, 4, dims.semantic_encoder.vae_dim)
     gates.append(compare("audio_connector", [runtime.connect(acoustic, semantic)],
                          [parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()], min_cosine=limit))
@@ -65,36 +60,42 @@ def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
 
 def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend, samples: np.ndarray,
                 limits: Limits) -> tuple[list[Gate], dict]:
+    """The runtime transcribes greedily; the reference is fed the same prompt and tokens in one pass, so its
+    greedy choice at every step is the argmax of that step's logits (one reference pass however long)."""
     tokenizer = bundle.tokenizer
     prompt, stops = build_asr_prompt(tokenizer, len(samples)), stop_ids(tokenizer)
-    theirs = run_transcription(reference, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
     ours = run_transcription(runtime, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
-    agree = next((i for i, (a, b) in enumerate(zip(ours.tokens, theirs.tokens)) if a != b), min(len(ours.tokens), len(theirs.tokens)))
-    steps = min(agree + 1, len(ours.logits), len(theirs.logits))  # beyond the first split the contexts differ
-    logit_cos = min((cosine(a, b) for a, b in zip(ours.logits[:steps], theirs.logits[:steps])), default=0.0)
-    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits[:steps], theirs.logits[:steps])), default=0.0)
-    margin = min(theirs.margins, default=float("inf"))
-    same = ours.tokens == theirs.tokens
+    theirs = forced_logits(reference, prompt, audio_embeddings(reference, samples, None), ours.tokens)
+    picks = theirs.argmax(axis=1)
+    agree = next((i for i, (a, b) in enumerate(zip(ours.tokens, picks)) if a != b), len(ours.tokens))
+    top2 = np.sort(theirs, axis=1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    logit_cos = min((cosine(a, b) for a, b in zip(ours.logits, theirs)), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits, theirs)), default=0.0)
+    margin = float(margins.min(initial=np.inf))
+    same = agree == len(ours.tokens)
     # A lossy precision may split from the reference only where the reference itself nearly tied.
-    near_tie = not same and agree < len(theirs.margins) and theirs.margins[agree] <= limits.decision_floor
-    detail = (f"{len(theirs.tokens)} greedy tokens ({theirs.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
-              f"encoder means; first {agree} tokens agree"
-              + (f" (split at a near tie: reference top-2 margin {theirs.margins[agree]:.3g})" if near_tie else "")
+    near_tie = not same and bool(margins[agree] <= limits.decision_floor)
+    detail = (f"{len(ours.tokens)} greedy tokens ({ours.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
+              f"encoder means; the reference's greedy pick agrees on the first {agree}"
+              + (f" (split at a near tie: reference top-2 margin {margins[agree]:.3g})" if near_tie else "")
               + f"; smallest top-2 logit margin {margin:.3g}")
     gates = [Gate("closed loop: greedy tokens agree", None, diff, same or near_tie, detail),
              Gate("closed loop: per-step logits min cosine", logit_cos, diff, logit_cos >= limits.graph, detail)]
-    return gates, {"tokens": len(theirs.tokens), "agreeing_prefix": agree, "smallest_margin": margin,
+    return gates, {"tokens": len(ours.tokens), "agreeing_prefix": agree, "smallest_margin": margin,
                    "prompt_tokens": len(prompt.ids), "audio_tokens": len(prompt.audio_positions)}
 
 
 def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     from ..checkpoints.files import open_checkpoint
-    from ..reference.asr import load_asr
-    from ..reference.loading import require_memory_for_fp32
+    from ..reference.asr import load_asr, load_asr_layer_streamed
+    from ..reference.loading import fp32_model_fits
 
-    # The layer-by-layer reference a full-size (7B) check needs is not written yet: refuse rather than swap.
-    require_memory_for_fp32(open_checkpoint(checkpoint), "verifying an ASR bundle")
-    reference = load_asr(checkpoint)
+    if fp32_model_fits(open_checkpoint(checkpoint)):
+        reference = load_asr(checkpoint)
+    else:
+        log("  the fp32 reference does not fit in memory: its LM layers are read from the shards as they run")
+        reference = load_asr_layer_streamed(checkpoint)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")
     gates = graph_gates(bundle, reference, runtime, limits.graph)
