@@ -65,14 +65,15 @@ def test_the_same_weights_in_either_layout_transcribe_alike(tiny_checkpoints, to
     np.testing.assert_allclose(np.stack(runs[0].logits), np.stack(runs[1].logits), atol=1e-5)
 
 
-def test_audio_over_60_seconds_goes_in_upstreams_segments_and_equals_one_pass(reference):
-    """130.3 s: two 60 s segments and a final partial one through the encoders with their conv states, the
-    last padded as upstream pads its final chunk, against one pass with upstream's non-streaming padding."""
-    samples = speech_like(24000 * 130 + 7777, seed=2)
+def test_audio_over_60_seconds_goes_in_upstreams_segments_and_equals_one_pass(tiny_checkpoints):
+    """61.3 s: a 60 s segment and a final partial one through the encoders with their conv states, the last
+    padded as upstream pads its final chunk, against one pass with upstream's non-streaming padding."""
+    reference = load_asr(tiny_checkpoints["asr"])
+    samples = speech_like(24000 * 61 + 7777, seed=2)
     calls = []
     streamed = encoder_means(reference, samples, on_segment=lambda done, total: calls.append((done, total)))
     one_pass = reference.encode(samples[None, None])
-    assert calls == [(1, 3), (2, 3), (3, 3)]
+    assert calls == [(1, 2), (2, 2)]
     for ours, theirs in zip(streamed, one_pass):
         assert ours.shape[1] == -(-len(samples) // 3200)
         np.testing.assert_allclose(ours, theirs, atol=1e-5)
@@ -200,25 +201,21 @@ def quantized_asr_bundles(asr_bundle, tiny_checkpoints):
     return {precision: root / "asr" / f"cpu_{precision}" for precision in ("int8", "int4")}
 
 
-def test_both_layouts_build_the_same_graphs(asr_bundle, quantized_asr_bundles, tiny_checkpoints, tokenizer, tmp_path, capsys):
-    """The codes-layout checkpoint resaved by transformers' own save_pretrained (the -HF layout) builds,
-    verifies and transcribes token for token like the codes layout, in fp32 and in int8."""
-    from vibevoice_onnx.cli import main
+def test_both_layouts_build_the_same_graphs(asr_bundle, tiny_checkpoints, tokenizer, tmp_path):
+    """The codes-layout checkpoint resaved by transformers' own save_pretrained (the -HF layout) builds and
+    transcribes token for token like the codes layout. (Past loading, the layouts share every code path:
+    the quantized builds and verify are judged on the codes layout.)"""
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.asr import Transcriber
 
     load_asr(tiny_checkpoints["asr"]).model.save_pretrained(tmp_path / "hf")
     tokenizer.save(str(tmp_path / "tokenizer.json"))
+    hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", tokenizer=tmp_path / "tokenizer.json")
+    assert hf_bundle.parent.name == "asr-hf"
     samples = speech_like(3200 * 4 + 99, seed=4)
-    for precision, codes_bundle in (("fp32", asr_bundle), ("int8", quantized_asr_bundles["int8"])):
-        hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", precision=precision, tokenizer=tmp_path / "tokenizer.json")
-        assert hf_bundle.parent.name == "asr-hf"
-        runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
-                for b in (codes_bundle, hf_bundle)]
-        assert runs[0] == runs[1]
-    capsys.readouterr()
-    assert main(["verify", str(tmp_path / "onnx" / "asr-hf" / "cpu_fp32")]) == 0
-    assert "all gates passed" in capsys.readouterr().out
+    runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens
+            for b in (asr_bundle, hf_bundle)]
+    assert runs[0] == runs[1]
 
 
 def test_transcribe_and_bench_run_with_torch_and_transformers_blocked(asr_bundle, tiny_bundle, tmp_path):
