@@ -10,7 +10,6 @@ import torch
 
 from vibevoice_onnx.audio import db_normalize
 from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
-from vibevoice_onnx.errors import VibeVoiceError
 from vibevoice_onnx.generation.asr import encoder_means, run_transcription, stop_ids
 from vibevoice_onnx.reference.asr import LM_WEIGHTS, load_asr
 from vibevoice_onnx.transcription import build_asr_prompt

@@ -18,7 +18,7 @@ from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..runtime.lm import empty_cache
 from ..transcription import build_asr_prompt
-from .common import Gate, Limits, Probe, compare, cosine, lm_gates, module_gate
+from .common import Gate, Limits, Probe, compare, cosine, lm_gates
 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
