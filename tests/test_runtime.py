@@ -32,6 +32,29 @@ assert main(["speak", {str(tiny_bundle)!r}, "Hello.", "--seed", "1", "--max-fram
     assert sf.info(str(tmp_path / "a.wav")).frames == 3 * 3200
 
 
+def test_host_tensors_are_read_as_memory_maps_with_the_stored_values(tmp_path):
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    from vibevoice_onnx.runtime.bundle import map_safetensors
+
+    rng = np.random.default_rng(0)
+    stored = {"table": rng.standard_normal((7, 5)).astype(ml_dtypes.bfloat16), "scale": np.array(0.25, np.float32),
+              "ids": np.arange(6, dtype=np.int64), "half": rng.standard_normal(3).astype(np.float16),
+              "empty": np.zeros((0, 4), np.float32)}
+    save_file(stored, str(tmp_path / "host.safetensors"))
+    mapped, loaded = map_safetensors(tmp_path / "host.safetensors"), load_file(str(tmp_path / "host.safetensors"))
+    assert mapped.keys() == loaded.keys()
+    for name, array in loaded.items():
+        assert mapped[name].dtype == array.dtype and mapped[name].shape == array.shape
+        assert np.array_equal(mapped[name].astype(np.float64), array.astype(np.float64))
+    assert not mapped["table"].flags.writeable  # a view of the file, never a copy that could drift from it
+    data = (tmp_path / "host.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-4])
+    with pytest.raises(ValueError, match="does not fit the file"):
+        map_safetensors(tmp_path / "cut.safetensors")
+
+
 def test_api_streams_chunks_that_match_the_reference(tiny_bundle, realtime_reference):
     tts = RealtimeTTS(tiny_bundle)
     assert tts.voices == ["synthetic"] and tts.sample_rate == 24000
