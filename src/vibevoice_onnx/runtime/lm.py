@@ -73,10 +73,30 @@ class BatchedGuidedStreams:
         count = embeds.shape[1]
         mask = np.concatenate([self.mask, np.array([[a] * count for a in active], np.int64)], axis=1)
         positions = np.array([np.arange(p, p + count) for p in self.positions], np.int64)
-        hidden, self.cache = self.lm.run(embeds, mask, positions, self.cache)
+        if sum(active) == 1:
+            hidden = self._one_row(active.index(1), embeds, mask, positions)
+        else:
+            hidden, self.cache = self.lm.run(embeds, mask, positions, self.cache)
         self.mask = mask
         self.positions = [p + count * a for p, a in zip(self.positions, active)]
         return hidden[:, -1]
+
+    def _one_row(self, row: int, embeds, mask, positions) -> np.ndarray:
+        """A step only `row` takes (text into the positive stream): run that row alone, for half the compute
+        of a batch-2 call (a text window is several tokens, where the quantized kernels are compute-bound);
+        the other row gets zero placeholders, masked out like an inactive row's. Its hidden rows stay zero."""
+        one = slice(row, row + 1)
+        hidden, present = self.lm.run(embeds[one], mask[one], positions[one], [c[one] for c in self.cache])
+        count, caches = embeds.shape[1], []
+        for old, new in zip(self.cache, present):
+            both = np.zeros(old.shape[:2] + (old.shape[2] + count,) + old.shape[3:], old.dtype)
+            both[1 - row, :, : old.shape[2]] = old[1 - row]
+            both[row] = new[0]
+            caches.append(both)
+        self.cache = caches
+        out = np.zeros((2,) + hidden.shape[1:], hidden.dtype)
+        out[row] = hidden[0]
+        return out
 
     def forget(self, row: int, steps: int = 1) -> None:
         """Mask out the last `steps` positions of `row` and take back its position counter."""
