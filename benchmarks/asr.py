@@ -25,9 +25,8 @@ SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" /
 TIMED_LOOP = """
 import json, sys, time
 from pathlib import Path
-import numpy as np
 from vibevoice_onnx.audio import db_normalize, read_audio
-from vibevoice_onnx.generation.asr import audio_embeddings, forced_logits, transcribe_tokens, TranscriptionResult
+from vibevoice_onnx.generation.asr import audio_embeddings, forced_logits, greedy_agreement, transcribe_tokens, TranscriptionResult
 from vibevoice_onnx.transcription import build_asr_prompt
 from vibevoice_onnx.runtime.bundle import Bundle
 side, bundle_dir, checkpoint, audio, tokens, threads, compare_with = sys.argv[1:]
@@ -54,9 +53,7 @@ record = {"audio_seconds": round(len(samples) / 24000, 2), "prompt_tokens": len(
           "decode_tokens_per_second": round((len(stamps) - 1) / (stamps[-1] - stamps[0]), 3), "tokens": result.tokens}
 if compare_with:  # the other side's greedy tokens, fed in one pass: where this side's greedy pick agrees
     theirs = json.loads(Path(compare_with).read_text())["tokens"]
-    logits = forced_logits(backend, prompt, embeddings, theirs)
-    picks = logits.argmax(axis=1)
-    record["forced_agreement"] = next((i for i, (a, b) in enumerate(zip(theirs, picks)) if a != b), len(theirs))
+    record["forced_agreement"] = greedy_agreement(theirs, forced_logits(backend, prompt, embeddings, theirs))
     record["forced_of"] = len(theirs)
 print(json.dumps(record))
 """

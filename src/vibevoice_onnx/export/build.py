@@ -233,18 +233,15 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     source_hash = checkpoint_hash(checkpoint, files)
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32.
-    streams = hasattr(exporter, "streamed_weights")
     source = reusable_fp32(final.parent, source_hash) if precision != "fp32" else None
-    if source is None or streams:
+    fresh = source is None or hasattr(exporter, "streamed_weights")
+    if fresh:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
     if source is not None:
         log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
-        if source is None or streams:
-            graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source)
-        else:
-            graphs = _copied_graphs(source, tmp)
+        graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source) if fresh else _copied_graphs(source, tmp)
         if precision != "fp32":
             _convert_precision(dims.kind, precision, graphs, tmp)
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")

@@ -112,6 +112,13 @@ def forced_logits(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, tok
     return np.stack([backend.logits(row[None]) for row in hidden])
 
 
+def greedy_agreement(tokens: list[int], logits: np.ndarray) -> int:
+    """How many of `tokens` a greedy decoder with these forced logits (see forced_logits) picks too, before
+    the first it would not."""
+    picks = logits.argmax(axis=1)
+    return next((i for i, (token, pick) in enumerate(zip(tokens, picks)) if token != pick), len(tokens))
+
+
 def run_transcription(backend: AsrBackend, prompt: AsrPrompt, samples: np.ndarray, stops: set[int],
                       max_new_tokens: int, rng: np.random.Generator | None, keep_logits: bool = False) -> TranscriptionResult:
     result = TranscriptionResult()

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from ..audio import db_normalize, read_audio
-from ..generation.asr import audio_embeddings, encoder_means, forced_logits, run_transcription, stop_ids
+from ..generation.asr import (audio_embeddings, encoder_means, forced_logits, greedy_agreement, run_transcription,
+                              stop_ids)
 from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
@@ -66,8 +67,7 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     prompt, stops = build_asr_prompt(tokenizer, len(samples)), stop_ids(tokenizer)
     ours = run_transcription(runtime, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
     theirs = forced_logits(reference, prompt, audio_embeddings(reference, samples, None), ours.tokens)
-    picks = theirs.argmax(axis=1)
-    agree = next((i for i, (a, b) in enumerate(zip(ours.tokens, picks)) if a != b), len(ours.tokens))
+    agree = greedy_agreement(ours.tokens, theirs)
     top2 = np.sort(theirs, axis=1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
     logit_cos = min((cosine(a, b) for a, b in zip(ours.logits, theirs)), default=0.0)
