@@ -199,8 +199,8 @@ CASES = [
     # -- damaged bundles ---------------------------------------------------------------------------------
     Case("speak: truncated graph", _bundle_then(lambda b: truncate(b / "lower_lm.onnx")),
          2, "lower_lm.onnx: this bundle is damaged: onnxruntime cannot load the graph"),
-    Case("verify: truncated graph", _bundle_then(lambda b: truncate(b / "diffusion_head.onnx"), command=("verify",)),
-         2, "diffusion_head.onnx: this bundle is damaged: onnxruntime cannot load the graph"),
+    Case("verify: truncated graph", _bundle_then(lambda b: truncate(b / "diffusion_head_step.onnx"), command=("verify",)),
+         2, "diffusion_head_step.onnx: this bundle is damaged: onnxruntime cannot load the graph"),
     Case("speak: truncated host tensors", _bundle_then(lambda b: truncate(b / "host.safetensors")),
          2, "host.safetensors: this bundle is damaged: the host tensors cannot be read"),
     Case("voices list: manifest that is JSON but not an object", _bundle_then(lambda b: edit_manifest(b, lambda m: [m]), command=("voices", "list")),

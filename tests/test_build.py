@@ -12,7 +12,8 @@ from vibevoice_onnx.export.build import build_bundle, resolve_tokenizer
 
 from helpers import copy_checkpoint
 
-GRAPHS = {"lower_lm", "upper_lm", "diffusion_head", "acoustic_connector", "eos_classifier", "acoustic_decoder", "acoustic_decoder_stream"}
+GRAPHS = {"lower_lm", "upper_lm", "diffusion_head_conditioning", "diffusion_head_step",
+          "acoustic_connector", "eos_classifier", "acoustic_decoder", "acoustic_decoder_stream"}
 
 
 def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoints):

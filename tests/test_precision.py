@@ -109,7 +109,7 @@ def test_fp16_is_built_for_gpus_and_checked_statically(tiny_checkpoints, variant
     bundle = root / "realtime" / "cuda_fp16"
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["device"] == "cuda" and manifest["precision"] == "fp16"
-    head = onnx.load(str(bundle / manifest["graphs"]["diffusion_head"]["file"]))
+    head = onnx.load(str(bundle / manifest["graphs"]["diffusion_head_step"]["file"]))
     onnx.checker.check_model(head, full_check=True)
     assert {onnx.TensorProto.FLOAT16} <= {t.data_type for t in head.graph.initializer}
     assert all(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in head.graph.input)  # fed fp32
@@ -143,7 +143,8 @@ def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_
     assert runtime["frames"] == reference["frames"] == 7 and len(runtime["chunk_times"]) == 7
     assert runtime["real_time_factor"] == pytest.approx(runtime["wall_seconds"] / (7 * 3200 / 24000))
     graphs = runtime["graphs"]
-    assert graphs["diffusion_head"]["calls"] == 7 * 5  # 5 solver steps, both CFG streams in one call
+    assert graphs["diffusion_head_step"]["calls"] == 7 * 5  # 5 solver steps, both CFG streams in one call
+    assert graphs["diffusion_head_conditioning"]["calls"] == 7  # all steps' modulations in one call per frame
     assert graphs["acoustic_decoder_stream"]["calls"] == 1 + 2  # frame 1 alone, then 3 + 3
     expected = sum(Bundle(tiny_bundle).weight_bytes(name) * g["calls"] for name, g in graphs.items()) / 7
     assert runtime["weight_bytes_per_frame"] == pytest.approx(expected)

@@ -47,7 +47,7 @@ def test_all_gates_pass_and_are_recorded_in_the_manifest(verified):
 
 def test_a_broken_graph_fails_its_gate_and_the_loop(tiny_bundle, tmp_path, capsys):
     bundle = copy_bundle(tiny_bundle, tmp_path / "broken")
-    path = bundle / "diffusion_head.onnx"
+    path = bundle / "diffusion_head_step.onnx"
     model = onnx.load(str(path))
     largest = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
     largest.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(largest), largest.name))

@@ -56,12 +56,12 @@ INT8, INT4, DYNAMIC_INT8 = Scheme(8), Scheme(4), Scheme(8, method="dynamic")
 # activation scales cost the graphs on the feedback path (LMs, diffusion head) enough accuracy to fail the
 # closed loop (first-window cosine 0.89); blockwise int8 there passes (0.98). The decoder is off the feedback
 # path (its output is only heard), so it takes the fast scheme.
+HEAD_INT8 = {"diffusion_head_conditioning": INT8, "diffusion_head_step": INT8}
+DECODER_INT8 = {"acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8}
 POLICIES = {
     "realtime": {
-        "int8": {"lower_lm": INT8, "upper_lm": INT8, "diffusion_head": INT8,
-                 "acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8},
-        "int4": {"lower_lm": INT4, "upper_lm": INT4, "diffusion_head": INT8,
-                 "acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8},
+        "int8": {"lower_lm": INT8, "upper_lm": INT8, **HEAD_INT8, **DECODER_INT8},
+        "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
     },
     # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32.
     "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4}},

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..reference.realtime import RealtimeModel
-from .graphs import BATCH, GraphSpec, connector_spec, decoder_specs, head_spec, lm_spec
+from .graphs import BATCH, GraphSpec, connector_spec, decoder_specs, head_specs, lm_spec
 
 
 def load_model(checkpoint):
@@ -22,7 +22,7 @@ def graph_specs(model: RealtimeModel) -> list[GraphSpec]:
     return [
         lm_spec("lower_lm", model.language_model, dims.lm, g),
         lm_spec("upper_lm", model.tts_language_model, dims.tts_lm, g),
-        head_spec(model.diffusion_head, dims.head, g),
+        *head_specs(model.diffusion_head, dims.head, g),
         connector_spec("acoustic_connector", model.acoustic_connector, latent, g),
         GraphSpec("eos_classifier", model.eos_classifier, (torch.randn(2, hidden, generator=g),), ["hidden_states"], ["logits"],
                   ({0: BATCH},)),

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..reference.tts15b import Tts15bReference
-from .graphs import GraphSpec, connector_spec, decoder_specs, encoder_spec, head_spec, lm_spec, streaming_encoder_spec
+from .graphs import GraphSpec, connector_spec, decoder_specs, encoder_spec, head_specs, lm_spec, streaming_encoder_spec
 
 
 def load_model(checkpoint):
@@ -21,7 +21,7 @@ def graph_specs(reference: Tts15bReference) -> list[GraphSpec]:
     g = torch.Generator().manual_seed(0)
     return [
         lm_spec("lm", parts.language_model, dims.lm, g),
-        head_spec(parts.diffusion_head, dims.head, g),
+        *head_specs(parts.diffusion_head, dims.head, g),
         connector_spec("acoustic_connector", parts.multi_modal_projector, acoustic.vae_dim, g),
         connector_spec("semantic_connector", parts.semantic_connector, semantic.vae_dim, g),
         encoder_spec("acoustic_encoder", reference.acoustic_encoder, acoustic.hop, g),

@@ -65,12 +65,18 @@ def require_finite(array: np.ndarray, what: str, where: str) -> None:
         )
 
 
+def whole_head_at(velocity: Callable, conditions: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
+    """A backend's `head_at` when it evaluates the whole head at every step (the PyTorch reference)."""
+    return lambda noisy, t: velocity(noisy, np.full(len(noisy), t, np.float32), conditions)
+
+
 def sample_next(backend, schedule: DpmSolverSchedule, noise: NoiseSource, positive: np.ndarray, negative: np.ndarray,
                 cfg_scale: float, frame: int) -> np.ndarray:
     """Sample latent `frame` with CFG on the (positive, negative) conditions [1, H]: the normalised z [64]."""
+    velocity = backend.head_at(np.concatenate([positive, negative]), schedule.timesteps.astype(np.float32))
 
     def guided_velocity(x: np.ndarray, t: float):
-        v = backend.velocity(np.stack([x, x]), np.full(2, t, np.float32), np.concatenate([positive, negative]))
+        v = velocity(np.stack([x, x]), t)
         return v[0], v[1]
 
     z = sample_latent(schedule, noise(frame), guided_velocity, cfg_scale)

@@ -22,7 +22,7 @@ a backend that evaluates the components; this module owns the algorithm of upstr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -46,6 +46,8 @@ class RealtimeBackend(Protocol):
     def text_stream(self, layers) -> "LmStream": ...  # the lower LM from the voice prompt's cache
     def guided_streams(self, positive, negative) -> "GuidedStreams": ...  # the upper LM, both CFG streams
     def velocity(self, noisy: np.ndarray, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray: ...
+    # velocity(noisy, t) for these conditions [rows, H] at any of these sampler timesteps:
+    def head_at(self, conditions: np.ndarray, timesteps: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]: ...
     def connect(self, latent: np.ndarray) -> np.ndarray: ...  # [1, 1, 64] -> [1, 1, H]
     def eos_logit(self, hidden: np.ndarray) -> float: ...  # [1, H]
     def new_decoder_state(self) -> Any: ...

@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceMultiModalProjector
 
 from ..checkpoints.configs import ModelDims
-from ..generation.common import LmStream
+from ..generation.common import LmStream, whole_head_at
 from ..generation.realtime import GenerationResult, GuidedStreams, realtime_frames
 from ..sampling import NoiseSource
 from ..voices import VoicePrompt
@@ -125,6 +125,9 @@ class TorchRealtimeBackend:
 
     def velocity(self, noisy, timesteps, conditions):
         return self.model.predict_velocity(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
+
+    def head_at(self, conditions, timesteps):
+        return whole_head_at(self.velocity, conditions)
 
     def connect(self, latent):
         return self.model.connect(as_tensor(latent)).numpy()

@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicCache
 from ..checkpoints.configs import ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
+from ..generation.common import whole_head_at
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
 from ..sampling import NoiseSource
 from ..script import Prompt
@@ -107,6 +108,9 @@ class TorchTts15bBackend:
 
     def velocity(self, noisy, timesteps, conditions):
         return self.parts.diffusion_head(as_tensor(noisy), as_tensor(timesteps), as_tensor(conditions)).numpy()
+
+    def head_at(self, conditions, timesteps):
+        return whole_head_at(self.velocity, conditions)
 
     def encode_voices(self, audio):
         return self.ref.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()

@@ -15,7 +15,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the diffusion head split into a conditioning graph and a step graph
 MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
 VOICES = "voices"
@@ -84,7 +84,8 @@ def validate_manifest(manifest, path: Path) -> None:
         fail(f"must be a JSON object, found {type(manifest).__name__}")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
-        raise BundleError(f"{path}: bundle format {version} is not supported (expected {FORMAT_VERSION})")
+        raise BundleError(f"{path}: bundle format {version} is not supported (expected {FORMAT_VERSION}); "
+                          "build the bundle again with this version's `vibevoice-onnx build`")
     for key, kind in (("model_kind", str), ("precision", str), ("device", str), ("config", dict), ("graphs", dict),
                       ("tokenizer", dict), ("source", dict), ("host_tensors", str)):
         if not isinstance(manifest.get(key), kind):

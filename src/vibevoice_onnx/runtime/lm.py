@@ -1,7 +1,9 @@
 """ONNX pieces every kind's runtime shares: a language-model graph with its KV cache, both CFG streams in one
-batched call, and a streaming conv stack with its states."""
+batched call, the diffusion head's two graphs, and a streaming conv stack with its states."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -114,6 +116,39 @@ class BatchedGuidedStreams:
     def speech(self, embeds):
         hidden = self.step(np.concatenate([embeds, embeds]), [1, 1])
         return hidden[0:1], hidden[1:2]
+
+
+class OnnxDiffusionHead:
+    """The diffusion head as the bundle splits it: a conditioning graph (timestep and condition -> every layer's
+    modulation) and a step graph (noisy latent and modulation -> velocity). A frame's conditioning runs once for
+    all its sampler steps, so its weights are read once per frame, not once per step."""
+
+    def __init__(self, bundle: Bundle):
+        self.conditioning = bundle.session("diffusion_head_conditioning")
+        self.step = bundle.session("diffusion_head_step")
+
+    def modulation(self, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray:
+        feeds = {"timesteps": np.ascontiguousarray(timesteps, dtype=F32), "condition": np.ascontiguousarray(conditions, dtype=F32)}
+        return self.conditioning.run(None, feeds)[0]
+
+    def run_step(self, noisy: np.ndarray, modulation: np.ndarray) -> np.ndarray:
+        return self.step.run(None, {"noisy_latents": np.ascontiguousarray(noisy, dtype=F32), "modulation": modulation})[0]
+
+    def velocity(self, noisy, timesteps, conditions):
+        """The whole head on one batch, each row at its own timestep."""
+        return self.run_step(noisy, self.modulation(timesteps, conditions))
+
+    def at(self, conditions: np.ndarray, timesteps: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
+        """velocity(noisy, t) for the rows of `conditions` at each of `timesteps`, conditioned in one call."""
+        rows = len(conditions)
+        modulation = self.modulation(np.repeat(timesteps, rows), np.tile(conditions, (len(timesteps), 1)))
+        step_of = {float(t): k for k, t in enumerate(timesteps)}
+
+        def velocity(noisy: np.ndarray, t: float) -> np.ndarray:
+            k = step_of[float(t)]
+            return self.run_step(noisy, modulation[k * rows : (k + 1) * rows])
+
+        return velocity
 
 
 class StreamingConv:

@@ -16,7 +16,7 @@ from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from .bundle import Bundle
-from .lm import BatchedGuidedStreams, OnnxLm, StreamingConv, flat_cache
+from .lm import BatchedGuidedStreams, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -38,6 +38,7 @@ class OnnxRealtimeBackend:
         self.train_steps = bundle.dims.head.train_steps
         self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
         self.lms = {name: OnnxLm(bundle, name) for name in ("lower_lm", "upper_lm")}
+        self.head = OnnxDiffusionHead(bundle)
         self.decoder = StreamingConv(bundle, "acoustic_decoder_stream")
 
     def embed_text(self, ids):
@@ -61,8 +62,10 @@ class OnnxRealtimeBackend:
         return BatchedGuidedStreams(self.lms["upper_lm"], flat_cache(positive), flat_cache(negative))
 
     def velocity(self, noisy, timesteps, conditions):
-        feeds = {"noisy_latents": noisy, "timesteps": timesteps, "condition": np.ascontiguousarray(conditions, dtype=F32)}
-        return self.sessions["diffusion_head"].run(None, feeds)[0]
+        return self.head.velocity(noisy, timesteps, conditions)
+
+    def head_at(self, conditions, timesteps):
+        return self.head.at(conditions, timesteps)
 
     def connect(self, latent):
         return self.sessions["acoustic_connector"].run(None, {"latents": latent.astype(F32)})[0]

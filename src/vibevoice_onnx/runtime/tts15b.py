@@ -20,7 +20,7 @@ from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prom
 from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import assign_voices, build_prompt, parse_script
-from .lm import BatchedGuidedStreams, OnnxLm, StreamingConv, empty_cache
+from .lm import BatchedGuidedStreams, OnnxDiffusionHead, OnnxLm, StreamingConv, empty_cache
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -85,7 +85,8 @@ class OnnxTts15bBackend:
         self.voice_std = dims.acoustic_encoder.sample_std
         self.lm = OnnxLm(bundle, "lm")
         self.sessions = {name: bundle.session(name) for name in
-                         ("diffusion_head", "acoustic_connector", "semantic_connector", "acoustic_encoder")}
+                         ("acoustic_connector", "semantic_connector", "acoustic_encoder")}
+        self.head = OnnxDiffusionHead(bundle)
         self.decoder = StreamingConv(bundle, "acoustic_decoder_stream")
         self.semantic = StreamingConv(bundle, "semantic_encoder_stream")
 
@@ -99,8 +100,10 @@ class OnnxTts15bBackend:
         return OnnxGuidedLm(self.lm, empty_cache(self.bundle, "lm"))
 
     def velocity(self, noisy, timesteps, conditions):
-        feeds = {"noisy_latents": noisy, "timesteps": timesteps, "condition": np.ascontiguousarray(conditions, dtype=F32)}
-        return self.sessions["diffusion_head"].run(None, feeds)[0]
+        return self.head.velocity(noisy, timesteps, conditions)
+
+    def head_at(self, conditions, timesteps):
+        return self.head.at(conditions, timesteps)
 
     def encode_voices(self, audio):
         return self.sessions["acoustic_encoder"].run(None, {"audio": np.ascontiguousarray(audio, dtype=F32)})[0]
