@@ -359,6 +359,21 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
+def _redelivering_termination(previous_hook):
+    """A sys.unraisablehook for while a command runs. The signal handler's exception can land in a weakref
+    callback or a __del__ (the garbage collector runs them between any two bytecodes), where Python prints
+    and drops it, and the command would run on to the end: send SIGTERM again from another thread, so it is
+    raised anew in ordinary code. Anything else goes to the hook that was there before."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, Terminated):
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        else:
+            previous_hook(unraisable)
+
+    return hook
+
+
 def _quiet_broken_pipe() -> int:
     """The reader of our standard output went away (`speak --raw | head -c 100`): stop quietly, as Unix
     tools do, and keep Python from complaining again when it flushes stdout at exit."""
@@ -374,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _redelivering_termination(previous_hook)
     try:
         return args.func(args)
     except VibeVoiceError as e:
@@ -393,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
+        sys.unraisablehook = previous_hook
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
 
