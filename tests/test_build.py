@@ -5,10 +5,12 @@ import json
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from vibevoice_onnx.errors import VibeVoiceError
 from vibevoice_onnx.export import build as build_module
 from vibevoice_onnx.export.build import build_bundle, resolve_tokenizer
+from vibevoice_onnx.reference.modules import ConvState, conv_state_specs
 
 from helpers import copy_checkpoint
 
@@ -96,3 +98,27 @@ def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, eos_early_rebuild):
     assert (rebuilt / "voices" / "synthetic.safetensors").read_bytes() == (tiny_bundle / "voices" / "synthetic.safetensors").read_bytes()
     assert not (rebuilt / "stale.txt").exists()
     assert sorted(p.name for p in rebuilt.parent.iterdir()) == ["cpu_fp32"]
+
+
+@torch.no_grad()
+def test_rewritten_head_and_upsamplers_equal_transformers_modules(realtime_reference):
+    """What the export rewrites (the head split in two, the transposed convs as MatMul + overlap-add) gives
+    transformers' numbers, and leaves the reference model's own modules as they were."""
+    from vibevoice_onnx.export.graphs import HeadConditioningGraph, HeadStepGraph, with_matmul_upsamplers
+
+    g = torch.Generator().manual_seed(5)
+    head, decoder = realtime_reference.diffusion_head, realtime_reference.acoustic_decoder
+    x, c, t = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g), torch.tensor([999.0, 400.0, 17.0])
+    split = HeadStepGraph(head)(x, HeadConditioningGraph(head)(t, c))
+    torch.testing.assert_close(split, head(x, t, c), atol=1e-5, rtol=1e-5)
+
+    view, latents = with_matmul_upsamplers(decoder), torch.randn(1, 64, 5, generator=g)
+    torch.testing.assert_close(view(latents).audio, decoder(latents).audio, atol=1e-5, rtol=1e-5)
+    theirs, ours = ConvState.zeros(conv_state_specs(decoder)), ConvState.zeros(conv_state_specs(decoder))
+    for a, b in ((0, 1), (1, 3), (3, 5)):  # a first frame, then chunks carrying the states
+        torch.testing.assert_close(view(latents[..., a:b], padding_cache=ours).audio,
+                                   decoder(latents[..., a:b], padding_cache=theirs).audio, atol=1e-5, rtol=1e-5)
+    for key in theirs.tensors:
+        torch.testing.assert_close(ours.tensors[key], theirs.tensors[key])
+    assert all(type(layer.convtr).__name__ == "VibeVoiceAcousticTokenizerCausalConvTranspose1d" for layer in decoder.conv_layers)
+    assert all(type(layer.linear).__name__ == "Linear" for layer in head.layers)
