@@ -135,7 +135,7 @@ class DecoderGraph(nn.Module):
 
     def __init__(self, decoder: nn.Module):
         super().__init__()
-        self.decoder = with_matmul_upsamplers(decoder)
+        self.decoder = decoder
 
     def forward(self, latents):
         return self.decoder(latents.transpose(1, 2)).audio
@@ -283,8 +283,10 @@ def state_extra(specs) -> dict:
 
 
 def decoder_specs(decoder: nn.Module, latent: int, generator: torch.Generator, name: str = "acoustic_decoder") -> list[GraphSpec]:
-    """The whole-sequence decoder and its streaming twin (conv states as explicit inputs and outputs)."""
-    stream = StreamingConvGraph(with_matmul_upsamplers(decoder), decoder=True)
+    """The whole-sequence decoder and its streaming twin (conv states as explicit inputs and outputs), both with
+    MatMul upsamplers (one view of the reference decoder serves the two)."""
+    decoder = with_matmul_upsamplers(decoder)
+    stream = StreamingConvGraph(decoder, decoder=True)
     states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
     return [
         GraphSpec(name, DecoderGraph(decoder), (torch.randn(1, 3, latent, generator=generator),), ["latents"], ["audio"],
