@@ -55,6 +55,18 @@ def test_host_tensors_are_read_as_memory_maps_with_the_stored_values(tmp_path):
         map_safetensors(tmp_path / "cut.safetensors")
 
 
+def test_only_streaming_conv_sessions_keep_their_memory_arena(tiny_bundle):
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
+
+    backend = OnnxRealtimeBackend(Bundle(tiny_bundle))
+    # The streaming decoder runs on the same shapes every group: its buffers are kept and reused. The loop's
+    # other graphs release what they allocate after each call.
+    assert backend.decoder.session.get_session_options().enable_cpu_mem_arena
+    for name, session in backend.sessions.items():
+        assert session.get_session_options().enable_cpu_mem_arena == (name == "acoustic_decoder_stream"), name
+
+
 def test_api_streams_chunks_that_match_the_reference(tiny_bundle, realtime_reference):
     tts = RealtimeTTS(tiny_bundle)
     assert tts.voices == ["synthetic"] and tts.sample_rate == 24000
