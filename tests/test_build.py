@@ -51,6 +51,14 @@ def test_lm_graphs_do_not_carry_the_embedding_table(tiny_bundle):
     assert not any(tuple(i.dims) == (512, 64) for i in model.graph.initializer)
 
 
+def test_decoder_gelus_run_as_fused_kernels(tiny_bundle):
+    from collections import Counter
+
+    for name in ("acoustic_decoder", "acoustic_decoder_stream"):
+        ops = Counter(node.op_type for node in onnx.load(str(tiny_bundle / f"{name}.onnx")).graph.node)
+        assert ops["Gelu"] > 0 and ops["Erf"] == 0, name  # none left spelt out op by op
+
+
 def test_a_failed_build_leaves_nothing_that_looks_complete(tiny_checkpoints, tmp_path, monkeypatch):
     calls = []
     real_export = build_module.export_graph

@@ -343,9 +343,22 @@ def trace(spec: GraphSpec, optimize: bool = True):
         )
 
 
+def fuse_gelus(model) -> int:
+    """Replace each erf-GELU the exporter spells out op by op (Div, Erf, Add, Mul, Mul) with onnxruntime's
+    fused Gelu kernel (com.microsoft), by onnxscript's own rewrite rule: one pass over the tensor instead of
+    five, which matters where tensors are large. Full-size int8 decoder, 3 frames a call, interleaved in one
+    process: 56.5 -> 50.5 ms a frame. Fusing the RMSNorms as well gained nothing more, and their fused op
+    lives in the standard domain, where the ONNX checker rejects it. Same erf arithmetic in fp32."""
+    from onnxscript.rewriter.ort_fusions.erfgelu import fuse_erfgelu
+
+    return fuse_erfgelu(model)
+
+
 def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = print) -> Path:
     path = Path(out_dir) / f"{spec.name}.onnx"
     external = _param_bytes(spec.module) > EXTERNAL_DATA_BYTES
-    trace(spec).save(str(path), external_data=external)
+    program = trace(spec)
+    fuse_gelus(program.model)
+    program.save(str(path), external_data=external)
     log(f"  exported {spec.name} ({_param_bytes(spec.module) / 1e6:.1f} MB of weights)")
     return path

@@ -222,8 +222,9 @@ def _save(model: onnx.ModelProto, path: Path, external_data: bool) -> None:
 
 
 # Operators kept in fp32 inside an fp16 graph, on top of the converter's defaults: the norms' sum of squares
-# and the timestep sinusoid overflow or lose too much in fp16 (the diffusion head is the most sensitive).
-FP16_KEEP = ["Pow", "ReduceMean", "Sqrt", "Reciprocal", "Sin", "Cos", "Exp", "Erf"]
+# and the timestep sinusoid overflow or lose too much in fp16 (the diffusion head is the most sensitive);
+# the fused GELU (graphs.fuse_gelus) stands for the Erf it replaced.
+FP16_KEEP = ["Pow", "ReduceMean", "Sqrt", "Reciprocal", "Sin", "Cos", "Exp", "Erf", "Gelu"]
 
 
 def convert_fp16(path: Path, external_data: bool) -> dict:
