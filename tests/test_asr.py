@@ -225,11 +225,17 @@ def test_transcribe_and_bench_run_with_torch_and_transformers_blocked(asr_bundle
     clip = tmp_path / "clip.wav"
     sf.write(str(clip), speech_like(20000), 24000)
     proc = run_torch_free(f"""
+import os, sys
 import vibevoice_onnx.runtime.asr, vibevoice_onnx.runtime.bench, vibevoice_onnx.transcription, vibevoice_onnx.generation.asr
 from vibevoice_onnx.cli import main
-assert main(["transcribe", {str(asr_bundle)!r}, {str(clip)!r}, "--format", "srt", "--max-new-tokens", "4",
-             "--mean-latents", "-o", {str(tmp_path / "clip.srt")!r}]) == 0
-assert main(["bench", {str(tiny_bundle)!r}, "--frames", "2", "--json"]) == 0
+from vibevoice_onnx.runtime.bundle import shared_pool_threads
+# As the process's own command line (argv from sys.argv), so both run in the shared thread pool.
+sys.argv = ["vibevoice-onnx", "transcribe", {str(asr_bundle)!r}, {str(clip)!r}, "--format", "srt", "--max-new-tokens", "4",
+            "--mean-latents", "-o", {str(tmp_path / "clip.srt")!r}]
+assert main() == 0
+assert shared_pool_threads() == len(os.sched_getaffinity(0))
+sys.argv = ["vibevoice-onnx", "bench", {str(tiny_bundle)!r}, "--frames", "2", "--json"]
+assert main() == 0
 """)
     assert proc.returncode == 0, proc.stderr
     assert "torch-free ok" in proc.stdout and (tmp_path / "clip.srt").is_file()

@@ -67,6 +67,36 @@ def test_only_streaming_conv_sessions_keep_their_memory_arena(tiny_bundle):
         assert session.get_session_options().enable_cpu_mem_arena == (name == "acoustic_decoder_stream"), name
 
 
+def test_a_shared_thread_pool_speaks_alike_and_keeps_its_size(tiny_bundle):
+    """share_threads(): the same audio as sessions with pools of their own; one size per process, and
+    sessions that ask for another size or a pool of their own are refused with a sentence, not by onnxruntime."""
+    proc = run_torch_free(f"""
+import numpy as np, onnxruntime as ort
+from vibevoice_onnx.errors import VibeVoiceError
+from vibevoice_onnx.runtime.bundle import Bundle, share_threads, shared_pool_threads
+from vibevoice_onnx.runtime.realtime import RealtimeTTS
+bundle = {str(tiny_bundle)!r}
+own, _ = RealtimeTTS(bundle, threads=2).create("Hello there.", voice="synthetic", seed=3, max_frames=4)
+assert shared_pool_threads() is None
+assert share_threads(2) == 2 and share_threads() == 2 and shared_pool_threads() == 2
+tts = RealtimeTTS(bundle)
+shared, _ = tts.create("Hello there.", voice="synthetic", seed=3, max_frames=4)
+assert shared.shape == own.shape == (4 * 3200,)
+np.testing.assert_allclose(shared, own, atol=1e-6)
+assert not any(s.get_session_options().use_per_session_threads for s in tts.backend.sessions.values())
+for refused in (lambda: share_threads(3), lambda: Bundle(bundle, threads=1).session("eos_classifier"),
+                lambda: Bundle(bundle, session_options=ort.SessionOptions()).session("eos_classifier")):
+    try:
+        refused()
+    except VibeVoiceError as e:
+        assert "shares one onnxruntime" in str(e), e
+    else:
+        raise AssertionError("not refused")
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-free ok" in proc.stdout
+
+
 def test_api_streams_chunks_that_match_the_reference(tiny_bundle, realtime_reference):
     tts = RealtimeTTS(tiny_bundle)
     assert tts.voices == ["synthetic"] and tts.sample_rate == 24000

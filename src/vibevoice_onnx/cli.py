@@ -385,13 +385,25 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
+# Commands whose process runs onnxruntime sessions and nothing else: as the process's own command line they
+# share one thread pool (runtime.bundle.share_threads).
+SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Without `argv` this is the process's own command line (the `vibevoice-onnx` script,
+    `python -m vibevoice_onnx.cli`); called with a list, from Python code, it leaves the process's
+    onnxruntime settings as they are."""
     args = build_parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _redelivering_termination(previous_hook)
     try:
+        if argv is None and args.command in SHARED_POOL_COMMANDS:
+            from .runtime.bundle import share_threads
+
+            share_threads(args.threads)
         return args.func(args)
     except VibeVoiceError as e:
         print(f"error: {e}", file=sys.stderr)

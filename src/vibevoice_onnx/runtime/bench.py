@@ -22,7 +22,7 @@ from ..errors import VibeVoiceError
 from ..generation.realtime import GenerationResult, realtime_frames
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
-from .bundle import Bundle
+from .bundle import Bundle, cpu_session_options, shared_pool_threads
 from .realtime import DECODE_GROUP, OnnxRealtimeBackend
 
 BENCH_TEXT = (
@@ -42,10 +42,8 @@ def memory_bandwidth(threads: int | None, megabytes: int = 512, repeats: int = 5
     weight = numpy_helper.from_array(np.ones(megabytes * 2**20 // 4, np.float32), "weight")
     graph = helper.make_graph([helper.make_node("ReduceSum", ["weight"], ["total"], keepdims=0)], "bandwidth", [],
                               [helper.make_tensor_value_info("total", TensorProto.FLOAT, [])], [weight])
-    options = ort.SessionOptions()
+    options = cpu_session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if threads:
-        options.intra_op_num_threads = threads
     session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString(),
                                    options, providers=["CPUExecutionProvider"])
     best = min(_timed(lambda: session.run(None, {})) for _ in range(repeats))
@@ -93,7 +91,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     return {
         "bundle": str(bundle.path), "precision": bundle.manifest["precision"], "gates": gate_status(bundle),
         "voice": voice, "frames": result.frames,
-        "decode_group": decode_group, "wall_seconds": wall, "real_time_factor": wall / (result.frames * FRAME_SECONDS),
+        "decode_group": decode_group, "shared_thread_pool": shared_pool_threads(), "wall_seconds": wall, "real_time_factor": wall / (result.frames * FRAME_SECONDS),
         "first_audio_seconds": frame_times[0], "warm_first_audio_seconds": warm_first_audio, "chunk_times": frame_times,
         "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
@@ -134,7 +132,8 @@ def format_report(report: dict) -> str:
     per_frame = 1000 * runtime["wall_seconds"] / runtime["frames"]
     lines = [
         f"bundle        {runtime['bundle']} ({runtime['precision']}, gates {runtime['gates']}), voice {runtime['voice']}, "
-        f"{runtime['frames']} frames, decode group {runtime['decode_group']}",
+        f"{runtime['frames']} frames, decode group {runtime['decode_group']}, "
+        f"{'one shared thread pool' if runtime['shared_thread_pool'] else 'a thread pool per session'}",
         f"runtime       real-time factor {runtime['real_time_factor']:.3f}, first audio {1000 * runtime['first_audio_seconds']:.0f} ms "
         f"(warm: {1000 * runtime['warm_first_audio_seconds']:.0f} ms), "
         f"{per_frame:.1f} ms per frame, peak memory {runtime['peak_memory_bytes'] / 1e9:.2f} GB "

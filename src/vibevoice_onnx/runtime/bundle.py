@@ -108,6 +108,59 @@ def validate_manifest(manifest, path: Path) -> None:
                 fail(f"has no valid '{side}' list for graph '{name}'")
 
 
+_shared_pool_threads: int | None = None  # set once share_threads() has made this process's one pool
+
+
+def share_threads(threads: int | None = None) -> int:
+    """From now on, run every session this process creates in one onnxruntime thread pool of `threads`
+    (default: the cores this process may use); returns its size.
+
+    A generation loop calls seven sessions in turn, hundreds of small operators each. With a pool per
+    session, spinning must be off (seven pools' spinning workers steal the cores from each other), so every
+    operator wakes a sleeping worker; one shared pool keeps one worker spinning between operators (full-size
+    realtime int8 on 2 cores: RTF 0.53 -> 0.46). onnxruntime then refuses any session in this process that
+    asks for a pool of its own, including ones that other code creates: so this is for a process that runs
+    vibevoice-onnx alone (the command line turns it on for its runtime commands), never a library default."""
+    global _shared_pool_threads
+    import os
+
+    wanted = check_optional("threads", threads) or len(os.sched_getaffinity(0))
+    if _shared_pool_threads is None:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+        ort_state.set_global_thread_pool_sizes(wanted, 1)
+        _shared_pool_threads = wanted
+    elif threads is not None and wanted != _shared_pool_threads:
+        raise VibeVoiceError(f"this process already shares one onnxruntime pool of {_shared_pool_threads} threads; "
+                             f"it cannot change to {wanted}")
+    return _shared_pool_threads
+
+
+def shared_pool_threads() -> int | None:
+    """The size of this process's shared pool, or None while each session has its own."""
+    return _shared_pool_threads
+
+
+def cpu_session_options(threads: int | None = None):
+    """Options for a CPU session of this process: in the shared pool once share_threads() made it, else in a
+    pool of its own of `threads` (default: onnxruntime's) that sleeps between operators."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if _shared_pool_threads is not None:
+        if threads is not None and threads != _shared_pool_threads:
+            raise VibeVoiceError(f"this process shares one onnxruntime pool of {_shared_pool_threads} threads; "
+                                 f"a session of {threads} threads cannot be made")
+        options.use_per_session_threads = False
+        return options
+    if threads:
+        options.intra_op_num_threads = threads
+    # The loop runs seven sessions in turn: threads that spin after one session's call steal the cores from
+    # the next (measured: 35% slower generation on 2 cores with spinning on).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 class _TimedSession:
     """An onnxruntime session whose run() calls are timed into `timings[name]`."""
 
@@ -191,19 +244,18 @@ class Bundle:
 
             if name not in self.manifest["graphs"]:
                 raise BundleError(f"{self.path}: the bundle has no '{name}' graph")
-            options = self.session_options or ort.SessionOptions()
-            if self.session_options is None:
+            options = self.session_options
+            if options is None:
+                options = cpu_session_options(self.threads)
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                if self.threads:
-                    options.intra_op_num_threads = self.threads
-                # The loop runs seven sessions in turn: threads that spin after one session's call steal the
-                # cores from the next (measured: 35% slower generation on 2 cores with spinning on).
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 # onnxruntime's memory arena keeps a session's largest activations for good, so it is off, except
                 # for streaming conv stacks (graphs with states): called again and again on the same shapes with
                 # large activations, they reuse their buffers instead of allocating and page-faulting them afresh
                 # on every call (full-size realtime decoder: ~10 ms less a frame, 45 MB more peak memory).
                 options.enable_cpu_mem_arena = bool(self.manifest["graphs"][name].get("states"))
+            elif _shared_pool_threads is not None and options.use_per_session_threads:
+                raise VibeVoiceError("this process shares one onnxruntime thread pool (share_threads): session "
+                                     "options must set use_per_session_threads = False")
             path = self.path / self.manifest["graphs"][name]["file"]
             try:
                 session = ort.InferenceSession(str(path), options, providers=self.providers)
