@@ -89,13 +89,12 @@ class BatchedGuidedStreams:
         the other row gets zero placeholders, masked out like an inactive row's. Its hidden rows stay zero."""
         one = slice(row, row + 1)
         hidden, present = self.lm.run(embeds[one], mask[one], positions[one], [c[one] for c in self.cache])
-        count, caches = embeds.shape[1], []
-        for old, new in zip(self.cache, present):
+        count = embeds.shape[1]
+        for i, old in enumerate(self.cache):  # layer by layer, each old and present tensor freed once copied
             both = np.zeros(old.shape[:2] + (old.shape[2] + count,) + old.shape[3:], old.dtype)
             both[1 - row, :, : old.shape[2]] = old[1 - row]
-            both[row] = new[0]
-            caches.append(both)
-        self.cache = caches
+            both[row] = present[i][0]
+            self.cache[i], present[i] = both, None
         out = np.zeros((2,) + hidden.shape[1:], hidden.dtype)
         out[row] = hidden[0]
         return out
