@@ -95,11 +95,13 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     return {
         "bundle": str(bundle.path), "precision": bundle.manifest["precision"], "gates": gate_status(bundle),
         "voice": voice, "frames": result.frames,
-        "decode_group": decode_group, "shared_thread_pool": shared_pool_threads(), "wall_seconds": wall, "real_time_factor": wall / (result.frames * FRAME_SECONDS),
+        "decode_group": decode_group, "shared_pool_threads": shared_pool_threads(), "wall_seconds": wall, "real_time_factor": wall / (result.frames * FRAME_SECONDS),
         "first_audio_seconds": frame_times[0], "warm_first_audio_seconds": warm_first_audio, "chunk_times": frame_times,
         "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
         "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"),
+        # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
+        "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
     }
 
 
@@ -137,11 +139,13 @@ def format_report(report: dict) -> str:
     lines = [
         f"bundle        {runtime['bundle']} ({runtime['precision']}, gates {runtime['gates']}), voice {runtime['voice']}, "
         f"{runtime['frames']} frames, decode group {runtime['decode_group']}, "
-        f"{'one shared thread pool' if runtime['shared_thread_pool'] else 'a thread pool per session'}",
+        f"{'one shared thread pool' if runtime['shared_pool_threads'] else 'a thread pool per session'}",
         f"runtime       real-time factor {runtime['real_time_factor']:.3f}, first audio {1000 * runtime['first_audio_seconds']:.0f} ms "
         f"(warm: {1000 * runtime['warm_first_audio_seconds']:.0f} ms), "
         f"{per_frame:.1f} ms per frame, peak memory {runtime['peak_memory_bytes'] / 1e9:.2f} GB "
-        f"({runtime['peak_memory_bytes'] / runtime['weight_bytes']:.2f}x the {runtime['weight_bytes'] / 1e9:.2f} GB of weights it loads)",
+        f"({runtime['peak_memory_bytes'] / runtime['weight_bytes']:.2f}x the {runtime['weight_bytes'] / 1e9:.2f} GB of graph weights it loads; "
+        f"{runtime['peak_memory_bytes'] / (runtime['weight_bytes'] + runtime['host_tensor_bytes']):.2f}x with the "
+        f"{runtime['host_tensor_bytes'] / 1e9:.2f} GB of memory-mapped host tensors)",
         f"memory        {runtime['weight_bytes_per_frame'] / 1e9:.3f} GB of weights read per frame; at the measured "
         f"{report['bandwidth_bytes_per_second'] / 1e9:.1f} GB/s that is a floor of {runtime['bandwidth_floor_ms_per_frame']:.1f} ms "
         f"per frame ({per_frame / runtime['bandwidth_floor_ms_per_frame']:.1f}x above it)",

@@ -115,7 +115,7 @@ def share_threads(threads: int | None = None) -> int:
     """From now on, run every session this process creates in one onnxruntime thread pool of `threads`
     (default: the cores this process may use); returns its size.
 
-    A generation loop calls seven sessions in turn, hundreds of small operators each. With a pool per
+    The realtime loop calls seven sessions in turn, hundreds of small operators each. With a pool per
     session, spinning must be off (seven pools' spinning workers steal the cores from each other), so every
     operator wakes a sleeping worker; one shared pool keeps one worker spinning between operators (full-size
     realtime int8 on 2 cores: RTF 0.53 -> 0.46). onnxruntime then refuses any session in this process that
