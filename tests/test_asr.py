@@ -93,7 +93,7 @@ def test_asr_bundle_passes_its_gates(asr_bundle, capsys):
     assert main(["verify", str(asr_bundle), "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     gates = {g["name"]: g for g in record["gates"]}
-    assert record["passed"] and {"lm_head", "audio_connector", "closed loop: greedy tokens agree"} <= gates.keys()
+    assert record["passed"] and {"lm_head", "audio_connector", "closed loop, teacher-forced: greedy picks agree"} <= gates.keys()
     assert any(name.startswith("lm KV: prefill") for name in gates)
     loop = record["closed_loop"]
     assert loop["tokens"] == loop["agreeing_prefix"] > 0 and loop["audio_tokens"] == -(-int(loop["seconds"] * 24000) // 3200)
@@ -256,6 +256,42 @@ def test_int8_and_int4_asr_bundles_are_streamed_quantized_and_judged(quantized_a
         assert record["thresholds"]["graph_min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
         if precision == "int8":
             assert record["passed"]
+
+
+def test_transcribe_refuses_an_unverified_or_failed_quantized_bundle(quantized_asr_bundles, tmp_path, capsys):
+    """One admission rule for every kind: transcribe, as speak, needs --force for a quantized bundle that has
+    not been verified or that failed its gates."""
+    from vibevoice_onnx.cli import main
+
+    bundle = copy_bundle(quantized_asr_bundles["int4"], tmp_path / "int4")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    audio = tmp_path / "clip.wav"
+    import soundfile as sf
+
+    sf.write(str(audio), speech_like(3200 * 4), 24000)
+    for parity, refusal in ((None, "has not been verified"),
+                            ({"passed": False, "gates": [{"name": "lm (past 11, new 5)", "passed": False}]},
+                             "failed its parity gates (lm (past 11, new 5))")):
+        (bundle / "manifest.json").write_text(json.dumps({**manifest, "parity": parity}))
+        capsys.readouterr()
+        assert main(["transcribe", str(bundle), str(audio), "--max-new-tokens", "2"]) == 2
+        assert refusal in capsys.readouterr().err
+        assert main(["transcribe", str(bundle), str(audio), "--max-new-tokens", "2", "--force", "--format", "raw"]) == 0
+
+
+def test_a_broken_int8_asr_bundle_fails_the_teacher_forced_loop(quantized_asr_bundles, tmp_path, capsys):
+    """The audio connector (fp32 in every ASR policy) quantized to 2 bits: every step's logits are off."""
+    from vibevoice_onnx.cli import main
+    from vibevoice_onnx.export.precision import Scheme, quantize_graph
+
+    bundle = copy_bundle(quantized_asr_bundles["int8"], tmp_path / "broken")
+    quantize_graph(bundle / "audio_connector.onnx", Scheme(2, block_size=16, symmetric=True, accuracy_level=0), False)
+    capsys.readouterr()
+    assert main(["verify", str(bundle), "--json"]) == 1
+    gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
+    assert not gates["audio_connector"]["passed"]
+    assert not gates["closed loop, teacher-forced: per-step logits min cosine"]["passed"]
+    assert gates["lm_head"]["passed"] and gates["lm (past 16, new 1)"]["passed"]  # only what was broken
 
 
 def test_streamed_lm_computes_what_the_in_memory_export_computes(tiny_checkpoints, tmp_path, precision="int4"):

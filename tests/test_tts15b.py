@@ -23,7 +23,7 @@ from vibevoice_onnx.verify.common import verify_bundle
 from conftest import SHARED, copy_bundle, write_voice_sample
 from helpers import run_torch_free
 
-GRAPHS = {"lm", "diffusion_head_conditioning", "diffusion_head_step", "acoustic_connector", "semantic_connector", "acoustic_encoder", "acoustic_decoder",
+GRAPHS = {"lm", "diffusion_head_conditioning", "diffusion_head_step", "acoustic_connector", "semantic_connector", "acoustic_encoder",
           "acoustic_decoder_stream", "semantic_encoder_stream"}
 SCRIPT = "Speaker 1: Hello there, how are you today?\nSpeaker 2: I am fine.\nThanks for asking!\nSpeaker 1: Good."
 SPEECH = SHARED / "fixtures" / "audio" / "demo3-hotwords.wav"

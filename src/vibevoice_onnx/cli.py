@@ -159,7 +159,7 @@ def cmd_transcribe(args) -> int:
         target.mkdir(parents=True, exist_ok=True)
     elif target is not None:
         check_output_file(target)
-    transcriber = Transcriber(Path(args.bundle), threads=args.threads)
+    transcriber = Transcriber(Path(args.bundle), threads=args.threads, force=args.force)
     failures = 0
     for path in inputs:
         def progress(tokens, seconds, name=path.name):
@@ -328,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=cli_type("seed"), help="seed of the acoustic latents' noise (default: random)")
     p.add_argument("--mean-latents", action="store_true", help="use the acoustic encoder's mean: a deterministic run")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
+    p.add_argument("--force", action="store_true", help="transcribe with a bundle that failed its gates or, for a "
+                   "quantized one, has not been verified")
     p.set_defaults(func=cmd_transcribe)
 
     p = sub.add_parser("bench", help="time a realtime bundle: real-time factor, first audio, per-graph cost, "

@@ -63,7 +63,7 @@ INT8_WIDE = Scheme(8, block_size=128)
 # closed loop (first-window cosine 0.89); blockwise int8 there passes (0.98). The decoder is off the feedback
 # path (its output is only heard), so it takes the fast scheme.
 HEAD_INT8 = {"diffusion_head_conditioning": INT8_WIDE, "diffusion_head_step": INT8_WIDE}
-DECODER_INT8 = {"acoustic_decoder": DYNAMIC_INT8, "acoustic_decoder_stream": DYNAMIC_INT8}
+DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
 POLICIES = {
     "realtime": {
         "int8": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8},

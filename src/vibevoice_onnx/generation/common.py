@@ -18,6 +18,11 @@ class SpeechResult:
     latents: list[np.ndarray] = field(default_factory=list)  # normalised diffusion outputs z, [64] each
     chunks: list[np.ndarray] = field(default_factory=list)  # decoded audio per latent, [3200] each
     stop_reason: str = ""
+    # Teacher forcing (verify): the latent the backend sampled at each frame, while `latents` holds the
+    # teacher's, which were decoded and fed back instead.
+    sampled: list[np.ndarray] = field(default_factory=list)
+    # The CFG conditions each latent was sampled from, [2, H] (positive, negative), when a list is given.
+    conditions: list[np.ndarray] | None = None
 
     @property
     def frames(self) -> int:
@@ -54,6 +59,32 @@ class LmStream:
         hidden, self.cache = self.run(embeds, positions, self.cache)
         self.position += count
         return hidden
+
+
+class Teacher:
+    """A reference trajectory to run a loop along (teacher forcing): at every frame the backend samples its own
+    latent from its own conditions, then the teacher's latent is decoded and fed back in its place, so every
+    frame compares one step of the backend's error instead of errors compounded through the feedback."""
+
+    def __init__(self, latents: list[np.ndarray], tokens: list[int] | None = None):
+        self.latents, self.tokens = list(latents), tokens
+
+    def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
+        frame = len(result.latents)
+        if frame >= len(self.latents):
+            raise VibeVoiceError(f"teacher forcing ran past the teacher's {len(self.latents)} latents")
+        result.sampled.append(own)
+        return np.asarray(self.latents[frame], np.float32)
+
+
+def emitted_latent(own: np.ndarray, result: SpeechResult, teacher: Teacher | None) -> np.ndarray:
+    """The latent a loop decodes and feeds back: its own, or the teacher's."""
+    return own if teacher is None else teacher.latent(own, result)
+
+
+def record_conditions(result: SpeechResult, positive: np.ndarray, negative: np.ndarray) -> None:
+    if result.conditions is not None:
+        result.conditions.append(np.concatenate([positive, negative]).astype(np.float32))
 
 
 def require_finite(array: np.ndarray, what: str, where: str) -> None:

@@ -30,7 +30,7 @@ from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..text import SPEECH_WINDOW, text_windows
 from ..voices import VoicePrompt
-from .common import LmStream, SpeechResult, decode_latents, sample_next
+from .common import LmStream, SpeechResult, Teacher, decode_latents, emitted_latent, record_conditions, sample_next
 
 TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
 
@@ -135,17 +135,21 @@ def realtime_frames(
     result: GenerationResult,
     stop_on_eos: bool = True,
     decode_group: int = 1,
+    teacher: Teacher | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield audio chunks (one per frame) as they are decoded, filling `result` as it goes; see FrameDecoder
-    for `decode_group`."""
+    for `decode_group`, and Teacher for `teacher` (which runs the teacher's length, EOS recorded, not acted on)."""
     decoder = FrameDecoder(backend, result, decode_group)
-    for z in _latents(backend, prompt, text_ids, noise, cfg_scale, steps, max_frames, result, stop_on_eos):
+    if teacher is not None:
+        max_frames, stop_on_eos = len(teacher.latents), False
+    for z in _latents(backend, prompt, text_ids, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
         yield from decoder.add(z)
     yield from decoder.flush()
 
 
 def _latents(backend: RealtimeBackend, prompt: VoicePrompt, text_ids: list[int], noise: NoiseSource, cfg_scale: float,
-             steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool) -> Iterator[np.ndarray]:
+             steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool,
+             teacher: Teacher | None) -> Iterator[np.ndarray]:
     """The latents z in order; the caller records each before the next is made."""
     if max_frames is not None and max_frames < 1:
         raise VibeVoiceError(f"max_frames must be at least 1, got {max_frames}")
@@ -168,7 +172,9 @@ def _latents(backend: RealtimeBackend, prompt: VoicePrompt, text_ids: list[int],
             lm_hidden = lm.step(backend.embed_text(window))
             h_pos = tts.text(lm_hidden + text_type)
         for _ in range(SPEECH_WINDOW):
-            z = sample_next(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames)
+            record_conditions(result, h_pos, h_neg)
+            z = emitted_latent(sample_next(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames), result,
+                               teacher)
             yield z
             if result.reached(max_frames):
                 return

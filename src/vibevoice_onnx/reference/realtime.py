@@ -155,8 +155,9 @@ def generate(
     steps: int = 5,
     max_frames: int | None = None,
     stop_on_eos: bool = True,
+    result: GenerationResult | None = None,
 ) -> GenerationResult:
-    result = GenerationResult()
+    result = GenerationResult() if result is None else result
     frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames, result,
                              stop_on_eos)
     for _ in frames:

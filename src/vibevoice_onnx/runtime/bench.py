@@ -99,7 +99,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         "first_audio_seconds": frame_times[0], "warm_first_audio_seconds": warm_first_audio, "chunk_times": frame_times,
         "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
-        "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"),
+        "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"]),
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
         "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
     }

@@ -15,7 +15,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
 
-FORMAT_VERSION = 2  # 2: the diffusion head split into a conditioning graph and a step graph
+FORMAT_VERSION = 3  # 2: the diffusion head split in two graphs; 3: one streaming decoder graph serves every decode
 MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
 VOICES = "voices"
@@ -237,6 +237,20 @@ class Bundle:
     def require_kind(self, kind: str) -> None:
         if self.kind != kind:
             raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind '{kind}'")
+
+    def require_usable(self) -> None:
+        """The one admission rule of every command and API that runs a bundle (speak, transcribe, serve): refuse
+        a bundle whose gates failed, and a reduced-precision one whose closed loop has not run (a quantized
+        graph that passes its own gate can still ruin generation once its errors feed back); `force` skips it."""
+        parity = self.manifest.get("parity")
+        precision = self.manifest["precision"]
+        if parity and not parity.get("passed"):
+            failed = ", ".join(g["name"] for g in parity["gates"] if not g["passed"])
+            raise BundleError(f"{self.path}: failed its parity gates ({failed}), so it is not usable; "
+                              "pass --force (force=True) to use it anyway")
+        if not parity and precision != "fp32":
+            raise BundleError(f"{self.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
+                              f"{self.path}` first (its closed loop must pass), or pass --force (force=True)")
 
     def session(self, name: str):
         if name not in self._sessions:

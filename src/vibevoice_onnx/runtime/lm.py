@@ -166,3 +166,7 @@ class StreamingConv:
         feeds.update((f"state.{s['name']}", value) for s, value in zip(self.states, state))
         out, *new_state = self.session.run(None, feeds)
         return out, new_state
+
+    def whole(self, chunk: np.ndarray) -> np.ndarray:
+        """A whole sequence in one call: from zero states, as the non-streaming stack with its zero padding."""
+        return self.run(chunk, self.new_state())[0]

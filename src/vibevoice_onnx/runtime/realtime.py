@@ -36,7 +36,7 @@ class OnnxRealtimeBackend:
         self.types, self.scale, self.bias = types.astype(F32), F32(scale), F32(bias)
         self.max_positions = bundle.dims.tts_lm.max_positions
         self.train_steps = bundle.dims.head.train_steps
-        self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"] if name != "acoustic_decoder"}
+        self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"]}
         self.lms = {name: OnnxLm(bundle, name) for name in ("lower_lm", "upper_lm")}
         self.head = OnnxDiffusionHead(bundle)
         self.decoder = StreamingConv(bundle, "acoustic_decoder_stream")

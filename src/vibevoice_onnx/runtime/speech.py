@@ -64,7 +64,7 @@ class TtsModel:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), providers, session_options, threads)
         self.bundle.require_kind(self.kind)
         if not force:
-            require_usable(self.bundle)
+            self.bundle.require_usable()
         self.backend = self._backend()
         self.latent_size = self.bundle.dims.head.latent
 
@@ -100,23 +100,9 @@ class TtsModel:
         if not np.issubdtype(latents.dtype, np.floating) or not np.isfinite(latents).all():
             raise VibeVoiceError("latents must hold finite floating-point values (this array holds NaN, infinity or non-numbers)")
         decoder_input = self.backend.unscale(latents.astype(F32)[None])
-        audio = self.bundle.session("acoustic_decoder").run(None, {"latents": decoder_input})[0][0, 0]
+        audio, _ = self.backend.decode_frames(decoder_input, self.backend.new_decoder_state())
         require_finite(audio, "decoded audio", f"decoding {len(latents)} frames")
         return audio, self.sample_rate
-
-
-def require_usable(bundle: Bundle) -> None:
-    """Refuse a bundle whose gates failed, and a reduced-precision one whose closed loop has not run: a
-    quantized graph that passes its own gate can still ruin generation once its errors feed back."""
-    parity = bundle.manifest.get("parity")
-    precision = bundle.manifest["precision"]
-    if parity and not parity.get("passed"):
-        failed = ", ".join(g["name"] for g in parity["gates"] if not g["passed"])
-        raise VibeVoiceError(f"{bundle.path}: failed its parity gates ({failed}), so it is not usable; "
-                             "pass --force (force=True) to use it anyway")
-    if not parity and precision != "fp32":
-        raise VibeVoiceError(f"{bundle.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
-                             f"{bundle.path}` first (its closed loop must pass), or pass --force (force=True)")
 
 
 def open_tts(bundle_dir: Path, threads: int | None = None, force: bool = False) -> TtsModel:

@@ -34,29 +34,46 @@ class Limits:
     """What a bundle of one precision must reach against the fp32 reference.
 
     Random weights cannot show how quantization affects real speech. What they can show: a broken conversion
-    (per graph), and a loop that leaves the reference's path at once or drifts off its scale. A random-weight
-    loop is chaotic (a 1e-4 nudge of one frame's noise grows ~3x per frame), so over many frames any lossy
-    precision decorrelates from the reference however faithful it is; the first speech window, before the
-    chaos has had time to grow, is where the loop's cosine still judges the quantization."""
+    (per graph), and a loop that leaves the reference's path or drifts off its scale. Two closed loops judge
+    the loop, each where it is meaningful:
+
+    * free-running, the runtime feeding back its own latents: a random-weight loop is chaotic (a 1e-4 nudge of
+      one frame's noise grows ~3x per frame), so over many frames any lossy precision becomes a different
+      generation however faithful it is. For a lossy precision it is judged over its first speech window
+      (latent cosine, audio, EOS decisions), before the chaos has had time to grow, and by each latent's scale
+      over the whole run (a different generation, but of the same loudness); fp32, whose trajectory stays on
+      the reference's, is judged over the whole run;
+    * teacher-forced, the runtime run along the reference's own trajectory (its latents decoded and fed back,
+      its tokens chosen): every frame then measures one step of the precision's error, none compounded, so
+      the conditions, each sampled latent, the EOS logit or the token picks and the decoded audio are judged
+      at every frame, whatever the checkpoint's luck."""
 
     graph: float  # min cosine of each graph's outputs
-    window: float  # min per-latent cosine over the loop's first speech window
-    loop: float | None  # min per-latent cosine over the whole loop; None: recorded per frame, not gated
-    audio: float  # min cosine of the closed loop's audio
-    scale: tuple[float, float]  # allowed range of each latent's RMS over the reference latent's
+    window: float  # free-running: min per-latent cosine over the first speech window
+    loop: float | None  # free-running: min per-latent cosine over the whole loop; None: first window only
+    audio: float  # free-running: min cosine of the audio judged (the whole run, or its first window)
+    scale: tuple[float, float]  # free-running: allowed range of each latent's RMS over the reference latent's
     decision_floor: float  # an EOS logit or a token margin below this may be decided either way
+    forced_condition: float  # teacher-forced: min cosine of the conditions (LM hidden states) at every frame
+    forced_latent: float  # teacher-forced: min cosine of each latent sampled from them with the same noise
+    forced_audio: float  # teacher-forced: min cosine of the teacher's latents decoded by the bundle
 
     def describe(self) -> dict:
         return {"graph_min_cosine": self.graph, "window_min_cosine": self.window, "loop_min_cosine": self.loop,
                 "audio_min_cosine": self.audio, "latent_rms_ratio": list(self.scale),
-                "decision_floor": self.decision_floor}
+                "decision_floor": self.decision_floor, "forced_condition_min_cosine": self.forced_condition,
+                "forced_latent_min_cosine": self.forced_latent, "forced_audio_min_cosine": self.forced_audio}
 
 
 LIMITS = {
-    "fp32": Limits(graph=0.99, window=0.99, loop=0.99, audio=0.99, scale=(0.9, 1.1), decision_floor=0.01),
-    "fp16": Limits(graph=0.995, window=0.99, loop=None, audio=0.95, scale=(0.8, 1.25), decision_floor=0.05),
-    "int8": Limits(graph=0.995, window=0.95, loop=None, audio=0.9, scale=(0.75, 1.33), decision_floor=0.25),
-    "int4": Limits(graph=0.98, window=0.85, loop=None, audio=0.8, scale=(0.75, 1.33), decision_floor=0.5),
+    "fp32": Limits(graph=0.99, window=0.99, loop=0.99, audio=0.99, scale=(0.9, 1.1), decision_floor=0.01,
+                   forced_condition=0.99, forced_latent=0.99, forced_audio=0.99),
+    "fp16": Limits(graph=0.995, window=0.99, loop=None, audio=0.95, scale=(0.8, 1.25), decision_floor=0.05,
+                   forced_condition=0.995, forced_latent=0.99, forced_audio=0.99),
+    "int8": Limits(graph=0.995, window=0.95, loop=None, audio=0.9, scale=(0.75, 1.33), decision_floor=0.25,
+                   forced_condition=0.995, forced_latent=0.97, forced_audio=0.99),
+    "int4": Limits(graph=0.98, window=0.85, loop=None, audio=0.8, scale=(0.75, 1.33), decision_floor=0.5,
+                   forced_condition=0.98, forced_latent=0.9, forced_audio=0.98),
 }
 RANDOM_WEIGHTS_CAVEAT = (
     "Synthetic checkpoints have random weights: these gates catch broken conversions and loops that leave the "
@@ -163,11 +180,13 @@ def module_gate(name: str, module, run: Callable, inputs: np.ndarray, min_cosine
     return compare(name, [run(inputs)], [module(as_tensor(inputs)).numpy()], min_cosine=min_cosine)
 
 
-def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray, min_cosine: float) -> list[Gate]:
-    """Decoder input latents [1, T >= 8, C]: the whole-sequence graph and the streaming graph (frame by frame,
-    states included) against the reference, and the streamed frames against the whole decode."""
+def decoder_gates(decoder, stream: StreamingConv, latents: np.ndarray, min_cosine: float) -> list[Gate]:
+    """Decoder input latents [1, T >= 8, C]: the streaming graph on a whole sequence from zero states (as
+    `decode` runs it) against the reference's whole-sequence decode, frame by frame with its states against
+    the reference's streaming decode, and the streamed frames against the whole decode."""
     reference = decoder(as_tensor(latents[:, :6]).transpose(1, 2)).audio.numpy()
-    gates = [compare("acoustic_decoder (6 frames)", [whole(latents[:, :6])], [reference], min_cosine=min_cosine)]
+    gates = [compare("acoustic_decoder (6 frames, one call from zero states)", [stream.whole(latents[:, :6])],
+                     [reference], min_cosine=min_cosine)]
     state, ours_state, outputs, references = ConvState.zeros(conv_state_specs(decoder)), stream.new_state(), [], []
     for i in range(3):  # the first frame starts from zeros, the later ones from a carried state
         ours, ours_state = stream.run(latents[:, i : i + 1], ours_state)
@@ -182,7 +201,7 @@ def decoder_gates(decoder, whole, stream: StreamingConv, latents: np.ndarray, mi
         chunk, ours_state = stream.run(latents[:, i : i + 1], ours_state)
         pieces.append(chunk)
     gates.append(compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces, axis=2)],
-                         [whole(latents)]))
+                         [stream.whole(latents)]))
     return gates
 
 
@@ -190,34 +209,68 @@ def rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.asarray(x, np.float64) ** 2)))
 
 
+def judged_frames(limits: Limits, window: int, frames: int) -> int:
+    """How many of a free-running loop's first frames are judged: all of them where the precision keeps the
+    reference's trajectory (fp32), else its first speech window (see Limits)."""
+    return frames if limits.loop is not None else min(window, frames)
+
+
 def loop_gates(label: str, ours, theirs, detail: str, limits: Limits, window: int) -> tuple[list[Gate], dict]:
-    """A closed loop's latents and audio against the reference's: every latent's cosine over the first `window`
-    latents (and over all of them where the precision is exact enough to ask), each latent's scale, and the
-    audio. Two runs of different lengths fail them all. Returns the gates and the per-latent curves."""
+    """A free-running closed loop's latents and audio against the reference's: every latent's cosine over the
+    judged frames (judged_frames), each latent's scale over the whole run, and the audio of the judged frames.
+    Two runs of different lengths fail them all. Returns the gates and the per-latent curves."""
     same_length = ours.frames == theirs.frames and ours.frames > 0
     cosines = [cosine(a, b) for a, b in zip(ours.latents, theirs.latents)]
     ratios = [rms(a) / max(rms(b), 1e-12) for a, b in zip(ours.latents, theirs.latents)]
     diffs = [float(np.abs(a - b).max()) for a, b in zip(ours.latents, theirs.latents)]
-    audio_cos = cosine(ours.audio, theirs.audio) if same_length else 0.0
-    audio_diff = float(np.abs(ours.audio - theirs.audio).max()) if same_length else float("inf")
     if not same_length:
         detail += f"; the runs gave {ours.frames} (runtime) and {theirs.frames} (reference) latents"
-    first = min(window, len(cosines))
-    if limits.loop is None:
-        gates = [Gate(f"{label}: first {first} latents, min cosine", min(cosines[:first], default=None),
-                      max(diffs[:first], default=0.0), same_length and min(cosines[:first]) >= limits.window, detail)]
-    else:
-        gates = [Gate(f"{label}: per-latent min cosine", min(cosines, default=None), max(diffs, default=0.0),
-                          same_length and min(cosines) >= limits.loop, detail)]
+    judged = judged_frames(limits, window, len(cosines))
+    whole = judged == len(cosines)
+    samples = sum(len(c) for c in theirs.chunks[:judged])
+    audio_cos = cosine(ours.audio[:samples], theirs.audio[:samples]) if same_length else 0.0
+    audio_diff = float(np.abs(ours.audio[:samples] - theirs.audio[:samples]).max()) if same_length else float("inf")
+    threshold = limits.loop if whole and limits.loop is not None else limits.window
+    span = "" if whole else f" (first {judged} latents)"
     low, high = limits.scale
-    gates += [
+    gates = [
+        Gate(f"{label}: per-latent min cosine{span}", min(cosines[:judged], default=None),
+             max(diffs[:judged], default=0.0), same_length and min(cosines[:judged]) >= threshold, detail),
         Gate(f"{label}: latent RMS ratio in [{low}, {high}]", None, max(abs(r - 1) for r in ratios) if ratios else 0.0,
              same_length and low <= min(ratios) and max(ratios) <= high,
-             f"ratios {min(ratios, default=0):.3f}..{max(ratios, default=0):.3f}; " + detail),
-        Gate(f"{label}: audio cosine", audio_cos, audio_diff, same_length and audio_cos >= limits.audio, detail),
+             f"ratios {min(ratios, default=0):.3f}..{max(ratios, default=0):.3f} over all {len(ratios)}; " + detail),
+        Gate(f"{label}: audio cosine{span}", audio_cos, audio_diff, same_length and audio_cos >= limits.audio, detail),
     ]
     curves = {"latent_cosine": [round(c, 6) for c in cosines], "latent_rms_ratio": [round(r, 4) for r in ratios],
+              "judged_latents": judged,
               "audio_rms_ratio": round(rms(ours.audio) / max(rms(theirs.audio), 1e-12), 4) if same_length else None}
+    return gates, curves
+
+
+def forced_gates(label: str, forced, theirs, detail: str, limits: Limits) -> tuple[list[Gate], dict]:
+    """A teacher-forced loop (the runtime along the reference's trajectory, see Limits) against that reference,
+    at every frame: the conditions each latent was sampled from, the latent sampled from them with the same
+    noise, and the audio the bundle decodes from the reference's latents."""
+    label = f"{label}, teacher-forced"
+    if forced.frames != theirs.frames or not forced.frames:
+        return [Gate(f"{label}: ran the reference's trajectory", None, float("inf"), False,
+                     f"{forced.frames} latents against the reference's {theirs.frames}")], {}
+    conditions = [min(cosine(a, b) for a, b in zip(ours, ref)) for ours, ref in zip(forced.conditions, theirs.conditions)]
+    latents = [cosine(a, b) for a, b in zip(forced.sampled, theirs.latents)]
+    worst = lambda values: (min(values), int(np.argmin(values)))  # noqa: E731
+    (c_min, c_at), (z_min, z_at) = worst(conditions), worst(latents)
+    c_diff = max(float(np.abs(a - b).max()) for a, b in zip(forced.conditions, theirs.conditions))
+    z_diff = max(float(np.abs(a - b).max()) for a, b in zip(forced.sampled, theirs.latents))
+    audio_cos = cosine(forced.audio, theirs.audio)
+    gates = [
+        Gate(f"{label}: conditions min cosine", c_min, c_diff, c_min >= limits.forced_condition,
+             f"worst at frame {c_at} of {forced.frames} (positive and negative rows); " + detail),
+        Gate(f"{label}: sampled latent min cosine", z_min, z_diff, z_min >= limits.forced_latent,
+             f"each latent from the bundle's own conditions and the same noise; worst at frame {z_at}; " + detail),
+        Gate(f"{label}: audio cosine", audio_cos, float(np.abs(forced.audio - theirs.audio).max()),
+             audio_cos >= limits.forced_audio, "the reference's latents decoded by the bundle; " + detail),
+    ]
+    curves = {"condition_cosine": [round(c, 6) for c in conditions], "latent_cosine": [round(c, 6) for c in latents]}
     return gates, curves
 
 

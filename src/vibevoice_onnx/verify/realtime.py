@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..generation.common import LmStream
+from ..errors import VibeVoiceError
+from ..generation.common import LmStream, Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
@@ -23,7 +24,8 @@ from ..sampling import NoiseSource
 from ..text import SPEECH_WINDOW, encode_tts_text
 from ..voices import VoicePrompt
 from .common import (
-    Gate, Limits, Probe, cache_layers, compare, decoder_gates, head_gate, lm_gates, lm_step, loop_gates, module_gate,
+    Gate, Limits, Probe, cache_layers, compare, decoder_gates, forced_gates, head_gate, judged_frames, lm_gates, lm_step,
+    loop_gates, module_gate,
 )
 
 CLOSED_LOOP_TEXT = (
@@ -69,27 +71,35 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
     eos = runtime.sessions["eos_classifier"]
     gates.append(module_gate("eos_classifier", model.eos_classifier, lambda h: eos.run(None, {"hidden_states": h})[0],
                              conditions, limit))
-    whole = bundle.session("acoustic_decoder")
-    gates += decoder_gates(model.acoustic_decoder, lambda z: whole.run(None, {"latents": z})[0], runtime.decoder,
-                           runtime.unscale(probe.normal(1, 8, latent)), limit)
+    gates += decoder_gates(model.acoustic_decoder, runtime.decoder, runtime.unscale(probe.normal(1, 8, latent)), limit)
     gates.append(batched_guidance(model, runtime, probe))
     return gates
 
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
                 limits: Limits, seed: int = 1234, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
-    """The whole generation, `frames` long in both implementations: EOS is decided every frame but not acted
-    on, so the gate judges agreement however early a (random) checkpoint would stop."""
+    """The whole generation, `frames` long in every run: EOS is decided every frame but not acted on, so the
+    gates judge agreement however early a (random) checkpoint would stop. The runtime runs it twice: free
+    (its own latents fed back) and teacher-forced (the reference's latents fed back); see Limits."""
     noise = NoiseSource.from_seed(seed, model.dims.head.latent)
-    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames, stop_on_eos=False)
-    ours = GenerationResult()
+    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames, stop_on_eos=False,
+                         result=GenerationResult(conditions=[]))
+    ours, forced = GenerationResult(), GenerationResult(conditions=[])
     for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, ours, stop_on_eos=False):
+        pass
+    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, forced, teacher=Teacher(reference.latents)):
         pass
     windows = -(-len(ids) // 5)
     detail = f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg 1.5, 5 steps, seed {seed}"
-    eos_gate, eos_info = eos_agreement(ours, reference, limits.decision_floor)
+    judged = judged_frames(limits, SPEECH_WINDOW, reference.frames)
     gates, curves = loop_gates("closed loop", ours, reference, detail, limits, SPEECH_WINDOW)
-    return gates + [eos_gate, grouped_decode_gate(runtime, ours, DECODE_GROUP)], {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info, **curves}
+    eos_gate, eos_info = eos_agreement("closed loop", ours, reference, limits.decision_floor, judged)
+    forced_loop, forced_curves = forced_gates("closed loop", forced, reference, detail, limits)
+    forced_eos, _ = eos_agreement("closed loop, teacher-forced", forced, reference, limits.decision_floor)
+    gates += [eos_gate, *forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP)]
+    return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info, **curves,
+                   "teacher_forced": {**forced_curves, "eos_logit_diff": [
+                       round(abs(a - b), 6) for a, b in zip(forced.eos_logits, reference.eos_logits)]}}
 
 
 def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int) -> Gate:
@@ -103,19 +113,23 @@ def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: Generation
                    [frame_by_frame.audio], f"{frame_by_frame.frames} frames of the closed loop")
 
 
-def eos_agreement(runtime: GenerationResult, reference: GenerationResult, floor: float) -> tuple[Gate, dict]:
-    """Per-frame EOS decisions agree wherever the reference logit is clear of the noise floor."""
+def eos_agreement(label: str, runtime: GenerationResult, reference: GenerationResult, floor: float,
+                  judged: int | None = None) -> tuple[Gate, dict]:
+    """Per-frame EOS decisions agree wherever the reference logit is clear of the noise floor, over the first
+    `judged` frames (all of them by default)."""
     ours, theirs = runtime.eos_logits, reference.eos_logits
-    decided = [i for i, logit in enumerate(theirs) if abs(logit) > floor]
+    judged = len(theirs) if judged is None else min(judged, len(theirs))
+    decided = [i for i, logit in enumerate(theirs[:judged]) if abs(logit) > floor]
     disagree = [i for i in decided if i < len(ours) and eos_fires(ours[i]) != eos_fires(theirs[i])]
-    diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
+    diff = max((abs(a - b) for a, b in zip(ours[:judged], theirs[:judged])), default=0.0)
     info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": runtime.eos_frame}
     passed = len(ours) == len(theirs) and not disagree
-    detail = (f"{len(decided)} of {len(theirs)} frames clear of the ±{floor} noise floor, "
+    span = "" if judged == len(theirs) else f" (first {judged} frames)"
+    detail = (f"{len(decided)} of {judged} frames clear of the ±{floor} noise floor, "
               f"{len(disagree)} disagree{' (frames ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
               f"EOS would first fire after frame {info['eos_frame_runtime']} (runtime) / {info['eos_frame_reference']} "
               f"(reference); max |Δ eos logit| {diff:.2e}")
-    return Gate("closed loop: per-frame EOS decisions agree", None, diff, passed, detail), info
+    return Gate(f"{label}: per-frame EOS decisions agree{span}", None, diff, passed, detail), info
 
 
 def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None) -> tuple[VoicePrompt, str]:
@@ -127,9 +141,54 @@ def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None)
     """
     if voice is not None:
         return bundle.voice(voice), voice
+    return reference_prompt(model, bundle.tokenizer), "(computed by the reference)"
+
+
+def reference_prompt(model: RealtimeModel, tokenizer) -> VoicePrompt:
     from ..reference.presets import as_voice_prompt, prompt_from_text
 
-    return as_voice_prompt(prompt_from_text(model, bundle.tokenizer, "A voice prompt.\n")), "(computed by the reference)"
+    return as_voice_prompt(prompt_from_text(model, tokenizer, "A voice prompt.\n"))
+
+
+EOS_WEIGHT, EOS_BIAS = "tts_eos_classifier.fc2.weight", "tts_eos_classifier.fc2.bias"
+
+
+@torch.no_grad()
+def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.ndarray:
+    """A copy of a realtime checkpoint whose EOS logits along verify's closed loop (default prompt) are centred
+    on zero with standard deviation `spread`, as a trained model's hover around the decision near the end of
+    speech: a gate must judge such a checkpoint on its bundle's error, not on which side of zero each frame of
+    a diverged generation lands. Only the EOS classifier's output layer changes (logit -> a·logit + b, in its
+    stored dtype). Returns the new logits, as the reference computes them from the written copy."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from ..checkpoints.files import open_checkpoint
+    from ..reference.loading import load_realtime
+    from ..text import load_tokenizer
+
+    def closed_loop_logits(root: Path) -> np.ndarray:
+        model = load_realtime(root)
+        tokenizer = load_tokenizer(root / "tokenizer.json")
+        noise = NoiseSource.from_seed(1234, model.dims.head.latent)
+        result = generate(model, reference_prompt(model, tokenizer), encode_tts_text(tokenizer, CLOSED_LOOP_TEXT), noise,
+                          cfg_scale=1.5, steps=5, max_frames=CLOSED_LOOP_FRAMES, stop_on_eos=False)
+        return np.array(result.eos_logits)
+
+    logits = closed_loop_logits(checkpoint)
+    scale = spread / max(float(logits.std()), 1e-6)
+    files = open_checkpoint(checkpoint)
+    shutil.copytree(checkpoint, out)
+    shard = files.tensors[EOS_BIAS].file
+    if files.tensors[EOS_WEIGHT].file != shard:
+        raise VibeVoiceError(f"{checkpoint}: the EOS classifier's weight and bias are in different shards")
+    tensors = load_file(str(out / shard))
+    weight, bias = tensors[EOS_WEIGHT], tensors[EOS_BIAS]
+    tensors[EOS_WEIGHT] = (weight.float() * scale).to(weight.dtype)
+    tensors[EOS_BIAS] = ((bias.float() - float(logits.mean())) * scale).to(bias.dtype)
+    save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    return closed_loop_logits(out)
 
 
 def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:

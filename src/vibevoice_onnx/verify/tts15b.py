@@ -117,11 +117,8 @@ def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bB
     gates.append(module_gate("semantic_connector", parts.semantic_connector, runtime.connect_semantic,
                              probe.normal(1, 4, dims.semantic_encoder.vae_dim), limit))
     gates += encoder_gates(reference, runtime, probe, limit)
-    whole = bundle.session("acoustic_decoder")
-    gates += decoder_gates(reference.acoustic_decoder, lambda z: whole.run(None, {"latents": z})[0], runtime.decoder,
+    gates += decoder_gates(reference.acoustic_decoder, runtime.decoder,
                            runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)), limit)
-    del whole
-    bundle.release("acoustic_decoder")  # the loop streams; the whole-sequence decoder's weights can go
     gates.append(guided_streams_gate(reference, runtime, probe, limit))
     return gates
 

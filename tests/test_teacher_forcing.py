@@ -1,0 +1,132 @@
+"""Teacher-forced closed loops: the runtime run along the reference's trajectory. Forcing must feed the
+teacher's latents back (not the runtime's own), equal free running where nothing differs (fp32), and let a
+quantized bundle be judged on its own error: a checkpoint whose EOS logits hover around zero still verifies
+at int8, and a broken quantization is still caught."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.generation.common import Teacher
+from vibevoice_onnx.generation.realtime import GenerationResult, realtime_frames
+from vibevoice_onnx.reference.realtime import generate
+from vibevoice_onnx.runtime.bundle import Bundle
+from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
+from vibevoice_onnx.sampling import NoiseSource
+from vibevoice_onnx.text import encode_tts_text
+from vibevoice_onnx.verify.realtime import CLOSED_LOOP_FRAMES, CLOSED_LOOP_TEXT, eos_hovering_copy, reference_prompt
+
+FRAMES = 12  # two speech windows
+
+
+@pytest.fixture(scope="module")
+def loop_inputs(tiny_bundle, realtime_reference):
+    bundle = Bundle(tiny_bundle)
+    prompt = reference_prompt(realtime_reference, bundle.tokenizer)
+    return OnnxRealtimeBackend(bundle), prompt, encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
+
+
+def reference_run(model, prompt, ids, seed):
+    with torch.no_grad():
+        return generate(model, prompt, ids, NoiseSource.from_seed(seed), max_frames=FRAMES, stop_on_eos=False,
+                        result=GenerationResult(conditions=[]))
+
+
+def runtime_run(runtime, prompt, ids, seed, teacher=None):
+    result = GenerationResult(conditions=[])
+    for _ in realtime_frames(runtime, prompt, ids, NoiseSource.from_seed(seed), 1.5, 5, FRAMES, result,
+                             stop_on_eos=False, teacher=teacher):
+        pass
+    return result
+
+
+def test_fp32_teacher_forcing_equals_free_running(loop_inputs, realtime_reference):
+    runtime, prompt, ids = loop_inputs
+    reference = reference_run(realtime_reference, prompt, ids, 1234)
+    free = runtime_run(runtime, prompt, ids, 1234)
+    forced = runtime_run(runtime, prompt, ids, 1234, Teacher(reference.latents))
+    assert forced.frames == len(forced.sampled) == len(forced.conditions) == FRAMES
+    assert all(np.array_equal(a, b) for a, b in zip(forced.latents, reference.latents))  # what was fed back
+    np.testing.assert_allclose(np.stack(forced.sampled[:6]), np.stack(free.latents[:6]), atol=1e-4)
+    np.testing.assert_allclose(np.stack(forced.conditions), np.stack(free.conditions), atol=1e-4)
+    np.testing.assert_allclose(forced.eos_logits, free.eos_logits, atol=1e-4)
+    np.testing.assert_allclose(forced.audio, free.audio, atol=1e-4)
+
+
+def test_teacher_forcing_follows_the_teacher_not_its_own_samples(loop_inputs, realtime_reference):
+    """Forced along another seed's trajectory, the conditions, EOS logits and audio are that trajectory's;
+    only the latents sampled from them (with this run's noise) are the runtime's own."""
+    runtime, prompt, ids = loop_inputs
+    other, own_seed = reference_run(realtime_reference, prompt, ids, 99), reference_run(realtime_reference, prompt, ids, 1234)
+    forced = runtime_run(runtime, prompt, ids, 1234, Teacher(other.latents))
+    np.testing.assert_allclose(np.stack(forced.conditions), np.stack(other.conditions), atol=1e-4)
+    np.testing.assert_allclose(forced.eos_logits, other.eos_logits, atol=1e-4)
+    np.testing.assert_allclose(forced.audio, other.audio, atol=1e-4)
+    assert not np.allclose(np.stack(forced.conditions[1:]), np.stack(own_seed.conditions[1:]), atol=1e-2)
+    # Frame 0's conditions come from the prompt alone, so its sample is the seed-1234 one; later ones differ.
+    np.testing.assert_allclose(forced.sampled[0], own_seed.latents[0], atol=1e-4)
+
+
+def test_a_teachers_length_is_the_runs_length(loop_inputs, realtime_reference):
+    runtime, prompt, ids = loop_inputs
+    reference = reference_run(realtime_reference, prompt, ids, 1234)
+    forced = runtime_run(runtime, prompt, ids, 1234, Teacher(reference.latents[:4]))
+    assert forced.frames == len(forced.sampled) == 4 and forced.stop_reason == "max_frames"
+
+
+@pytest.fixture(scope="module")
+def hovering(tiny_checkpoints, tmp_path_factory):
+    """The tiny checkpoint with its closed-loop EOS logits centred on zero (spread 0.3), in fp32 and int8."""
+    root = tmp_path_factory.mktemp("eos-hovering")
+    checkpoint = root / "checkpoint"
+    logits = eos_hovering_copy(tiny_checkpoints["realtime"], checkpoint, spread=0.3)
+    for precision in ("fp32", "int8"):
+        assert main(["build", str(checkpoint), "-o", str(root / "onnx"), "--precision", precision]) == 0
+    return logits, root / "onnx" / "realtime"
+
+
+def test_eos_hovering_copy_centres_the_closed_loop_logits(hovering):
+    logits, _ = hovering
+    assert len(logits) == CLOSED_LOOP_FRAMES - 1
+    assert abs(logits.mean()) < 0.05 and logits.std() == pytest.approx(0.3, rel=0.05)
+    assert (np.abs(logits) < 0.25).sum() >= 3 and (logits > 0).any() and (logits < 0).any()  # both sides of zero
+
+
+def test_int8_of_a_checkpoint_with_hovering_eos_passes(hovering, capsys):
+    _, bundles = hovering
+    for precision in ("fp32", "int8"):
+        assert main(["verify", str(bundles / f"cpu_{precision}"), "--json"]) == 0, precision
+        record = json.loads(capsys.readouterr().out)
+        gates = {g["name"]: g for g in record["gates"]}
+        forced = gates["closed loop, teacher-forced: per-frame EOS decisions agree"]
+        floor = record["thresholds"]["decision_floor"]
+        assert forced["passed"] and f"frames clear of the ±{floor} noise floor" in forced["detail"]
+        assert record["closed_loop"]["teacher_forced"]["eos_logit_diff"] and record["passed"]
+    assert record["precision"] == "int8" and record["thresholds"]["forced_latent_min_cosine"] == 0.97
+    assert "closed loop: per-frame EOS decisions agree (first 6 frames)" in gates  # free-running: one window
+
+
+def test_int8_eos_decisions_are_judged_on_every_forced_frame(hovering, tmp_path, capsys):
+    """An EOS classifier off by 0.8 flips the decisions it should: the teacher-forced gate names frames after
+    the first window, which the free-running gate (its first window only) does not judge."""
+    import onnx
+    from onnx import numpy_helper
+
+    from conftest import copy_bundle
+
+    _, bundles = hovering
+    bundle = copy_bundle(bundles / "cpu_int8", tmp_path / "eos-off")
+    path = bundle / "eos_classifier.onnx"
+    model = onnx.load(str(path))
+    bias = next(t for t in model.graph.initializer if tuple(t.dims) == (1,))
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(0.8), bias.name))
+    onnx.save(model, str(path))
+    assert main(["verify", str(bundle), "--json"]) == 1
+    gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
+    forced = gates["closed loop, teacher-forced: per-frame EOS decisions agree"]
+    assert not forced["passed"]
+    flipped = [int(f) for f in forced["detail"].split("(frames ")[1].split(")")[0].split(", ")]
+    assert max(flipped) >= 6
