@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from vibevoice_onnx.cli import main
 from vibevoice_onnx.export.precision import POLICIES, Scheme, quantize_graph
@@ -20,10 +21,11 @@ QUANTIZED_OPS = {"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul"}
 
 @pytest.fixture(scope="module")
 def variants(tiny_checkpoints, tiny_bundle, tmp_path_factory):
-    """A copy of the tiny fp32 bundle, with its int8 and int4 siblings built from it (not yet verified)."""
+    """A copy of the tiny fp32 bundle, with its int8, int4 and int4-mixed siblings built from it (not yet
+    verified)."""
     root = tmp_path_factory.mktemp("precision")
     copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
-    for precision in ("int8", "int4"):
+    for precision in ("int8", "int4", "int4-mixed"):
         assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision]) == 0
     return root / "realtime"
 
@@ -40,7 +42,7 @@ def graph_ops(path) -> set[str]:
     return {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("precision", ["int8", "int4", "int4-mixed"])
 def test_variants_follow_their_policy_and_keep_the_feedback_path_fp32(variants, precision):
     bundle = variants / f"cpu_{precision}"
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -78,6 +80,19 @@ def test_int8_passes_its_gates_and_records_them(variants, capsys):
     for name in ("acoustic_connector", "eos_classifier"):  # kept fp32: as exact as the fp32 bundle
         assert gates[name]["cosine"] > 0.99999
     assert main(["speak", str(bundle), "Hello there.", "-o", str(bundle.parent / "int8.wav"), "--max-frames", "2"]) == 0
+
+
+def test_int4_mixed_keeps_the_feedback_path_at_8_bits_and_passes(variants, capsys):
+    """4 bits only in the decoder, which is off the feedback path: the teacher-forced audio judges it."""
+    bundle = variants / "cpu_int4-mixed"
+    graphs = json.loads((bundle / "manifest.json").read_text())["graphs"]
+    assert graphs["acoustic_decoder_stream"]["precision"]["bits"] == 4
+    assert {graphs[name]["precision"]["bits"] for name in ("lower_lm", "upper_lm", "diffusion_head_step")} == {8}
+    assert main(["verify", str(bundle), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["precision"] == "int4-mixed" and record["thresholds"]["graph_min_cosine"] == 0.98
+    gates = {g["name"]: g for g in record["gates"]}
+    assert record["passed"] and gates["closed loop, teacher-forced: audio cosine"]["cosine"] >= 0.98
 
 
 def test_int4_verify_judges_it(variants, capsys):
@@ -154,3 +169,43 @@ def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_
     assert runtime["host_tensor_bytes"] == (tiny_bundle / "host.safetensors").stat().st_size
     assert runtime["shared_pool_threads"] is None  # main() called with a list leaves the process's pools alone
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def nbits_of(path) -> list[int]:
+    graph = onnx.load(str(path)).graph
+    return [next(a.i for a in node.attribute if a.name == "bits") for node in graph.node if node.op_type == "MatMulNBits"]
+
+
+def test_a_mixed_scheme_quantizes_each_layer_and_projection_as_its_rules_say(tiny_bundle, tmp_path):
+    """The tiny upper LM has 4 layers of 7 weight MatMuls (q, k, v, o, gate, up, down)."""
+    from vibevoice_onnx.export.precision import INT4, INT8_WIDE, LayerRule, Mixed
+
+    path = tmp_path / "upper_lm.onnx"
+    shutil.copyfile(tiny_bundle / "upper_lm.onnx", path)
+    mixed = Mixed(INT4, (LayerRule(INT8_WIDE, "first", 1), LayerRule(INT8_WIDE, "last", 1, ("v", "down"))))
+    details = quantize_graph(path, mixed, False)
+    four, eight = [4] * 7, [8] * 7
+    assert nbits_of(path) == eight + four + four + [4, 4, 8, 4, 4, 4, 8]
+    assert details["matmuls"] == 28 and details["method"] == "mixed"
+    assert details["rules"][1] == {"scheme": INT8_WIDE.describe(), "layers": "last 1", "projections": ["v", "down"]}
+
+
+def test_a_mixed_scheme_of_one_scheme_is_that_scheme(tiny_bundle, tmp_path):
+    from vibevoice_onnx.export.precision import INT4, INT8_WIDE, LayerRule, Mixed
+
+    paths = [tmp_path / "plain.onnx", tmp_path / "mixed.onnx"]
+    for path, scheme in zip(paths, (INT8_WIDE, Mixed(INT4, (LayerRule(INT8_WIDE),)))):
+        shutil.copyfile(tiny_bundle / "upper_lm.onnx", path)
+        quantize_graph(path, scheme, False)
+    plain, mixed = ({t.name: numpy_helper.to_array(t) for t in onnx.load(str(p)).graph.initializer} for p in paths)
+    assert plain.keys() == mixed.keys() and all(np.array_equal(plain[k], mixed[k]) for k in plain)
+
+
+def test_a_mixed_scheme_refuses_a_graph_that_is_not_an_lm(tiny_bundle, tmp_path):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.export.precision import INT4, INT8_WIDE, LayerRule, Mixed
+
+    path = tmp_path / "acoustic_connector.onnx"
+    shutil.copyfile(tiny_bundle / "acoustic_connector.onnx", path)
+    with pytest.raises(VibeVoiceError, match="needs a Qwen2 stack's 7 weight MatMuls per layer"):
+        quantize_graph(path, Mixed(INT4, (LayerRule(INT8_WIDE, "first", 1),)), False)

@@ -255,9 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "fp16"],
-                   help="fp32; int8 or int4 weight-only (CPU; start from an fp32 bundle of the same checkpoint beside "
-                   "it when there is one); fp16 (GPU only)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
+                   help="fp32; int8, int4 or int4-mixed weight-only (CPU; int4-mixed: 4 bits only where the "
+                   "teacher-forced gates showed it harmless, 8 elsewhere; start from an fp32 bundle of the same "
+                   "checkpoint beside it when there is one); fp16 (GPU only)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the execution provider the bundle is for")
     p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
     p.set_defaults(func=cmd_build)

@@ -25,7 +25,7 @@ from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
 from .graphs import OPSET, export_graph
 
-PRECISIONS = ("fp32", "int8", "int4", "fp16")
+PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
 _ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
 
 
@@ -116,7 +116,7 @@ def _exporter(kind: str):
     return exporters[kind]
 
 
-VARIANTS = {"cpu": ("fp32", "int8", "int4"), "cuda": ("fp32", "fp16")}
+VARIANTS = {"cpu": ("fp32", "int8", "int4", "int4-mixed"), "cuda": ("fp32", "fp16")}
 
 
 def check_variant(device: str, precision: str) -> None:
@@ -127,7 +127,8 @@ def check_variant(device: str, precision: str) -> None:
     if precision not in VARIANTS[device]:
         reason = {("cpu", "fp16"): "fp16 is never faster than fp32 on onnxruntime's CPU provider (measured); build it "
                   "with --device cuda", ("cuda", "int8"): "build it for --device cpu",
-                  ("cuda", "int4"): "build it for --device cpu"}.get((device, precision), "")
+                  ("cuda", "int4"): "build it for --device cpu",
+                  ("cuda", "int4-mixed"): "build it for --device cpu"}.get((device, precision), "")
         raise VibeVoiceError(f"{device}_{precision} bundles are not built: {reason}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +48,87 @@ class Scheme:
         return {"scheme": f"MatMulNBits int{self.bits}", **asdict(self)}
 
 
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # a Qwen2 layer's weight MatMuls, in graph order
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """Which MatMuls of an LM graph a scheme takes: projections of the first or last `count` decoder layers,
+    or of every layer (`where` "all")."""
+
+    scheme: Scheme
+    where: str = "all"  # "all", "first" or "last"
+    count: int = 0
+    projections: tuple[str, ...] = PROJECTIONS
+
+    def matches(self, layer: int, layers: int, projection: str) -> bool:
+        inside = {"all": True, "first": layer < self.count, "last": layer >= layers - self.count}[self.where]
+        return inside and projection in self.projections
+
+    def describe(self) -> dict:
+        return {"scheme": self.scheme.describe(), "layers": self.where if self.where == "all" else f"{self.where} {self.count}",
+                "projections": list(self.projections)}
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """Several blockwise schemes in one LM graph: each weight MatMul takes the first rule that matches its
+    layer and projection, else `base`. Where 4 bits cost too much accuracy (measured in the teacher-forced
+    loop), the layers or projections that matter keep 8."""
+
+    base: Scheme
+    rules: tuple[LayerRule, ...]
+    method: str = "mixed"
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name} mixed"
+
+    @property
+    def bits(self) -> int:
+        return self.base.bits
+
+    def describe(self) -> dict:
+        return {"scheme": f"mixed: MatMulNBits int{self.base.bits} except where a rule says otherwise", "bits": self.base.bits,
+                "method": "mixed", "base": self.base.describe(), "rules": [r.describe() for r in self.rules]}
+
+    def pick(self, layer: int, layers: int, projection: str) -> Scheme:
+        return next((r.scheme for r in self.rules if r.matches(layer, layers, projection)), self.base)
+
+    def assign(self, layers: int) -> list[Scheme]:
+        """The scheme of each weight MatMul, in graph order, for an LM of `layers` decoder layers."""
+        return [self.pick(layer, layers, projection) for layer in range(layers) for projection in PROJECTIONS]
+
+    def of_weight(self, name: str, layers: int) -> Scheme:
+        """The scheme of a Qwen2 weight named by its parameter name (a streamed export quantizes by name)."""
+        match = _QWEN_WEIGHT.search(name)
+        if not match:
+            raise VibeVoiceError(f"{name}: a mixed scheme applies to a Qwen2 layer's projection weights only")
+        return self.pick(int(match[1]), layers, match[2])
+
+
+_QWEN_WEIGHT = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
+
+
+def layer_count(names) -> int:
+    """Decoder layers of an LM, from its weights' parameter names."""
+    return 1 + max((int(m[1]) for m in map(_QWEN_WEIGHT.search, names) if m), default=-1)
+
+
+def lm_weight_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """An exported Qwen2 stack's weight MatMuls in graph order, checked to be q, k, v, o, gate, up, down per
+    layer (q, k and v read one input; gate and up another), so a rule can name a layer's projection."""
+    constants = {t.name for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in constants]
+    per = len(PROJECTIONS)
+    layers = [nodes[i : i + per] for i in range(0, len(nodes), per)]
+    if not nodes or len(nodes) % per or any(
+            len({n.input[0] for n in layer[:3]}) != 1 or layer[4].input[0] != layer[5].input[0] for layer in layers):
+        raise VibeVoiceError(f"a mixed scheme needs a Qwen2 stack's {per} weight MatMuls per layer in order; this graph "
+                             f"has {len(nodes)} weight MatMuls in another arrangement")
+    return nodes
+
+
 # On a 2-core AVX2 CPU without VNNI (this project's reference machine), for a [2, 896] x [896, 4864] product:
 # fp32 1.23 ms, MatMulNBits int8 0.95 ms, int4 0.65 ms, dynamic int8 per channel 0.60 ms (cosine 0.99994).
 INT8, INT4, DYNAMIC_INT8 = Scheme(8), Scheme(4), Scheme(8, method="dynamic")
@@ -64,10 +146,22 @@ INT8_WIDE = Scheme(8, block_size=128)
 # path (its output is only heard), so it takes the fast scheme.
 HEAD_INT8 = {"diffusion_head_conditioning": INT8_WIDE, "diffusion_head_step": INT8_WIDE}
 DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
+#
+# int4-mixed: 4 bits only where the teacher-forced and first-window gates showed it harmless. Measured per
+# component on the full-size synthetic checkpoint (verify's gates; the rest of the bundle int8):
+# - on the feedback path, any 4-bit graph leaves the reference's trajectory within the first window (min cosine
+#   against 0.85): upper LM all layers 0.69, its middle 6 of 20 layers 0.78, its first and last 2 kept 8-bit 0.72,
+#   v and down projections kept 8-bit 0.75, blocks of 16 0.67; lower LM 0.85 (blocks of 32) / 0.73 (16); the
+#   diffusion head 0.64 (its graph gate 0.964 too). Teacher-forced, one step of int4 error is already 0.96-0.98 in
+#   the conditions where int8's is 0.9995.
+# - the decoder is off the feedback path (only heard): 4 bits in blocks of 32 gave 0.9795 against 0.98 (graph and
+#   forced audio), in blocks of 16 0.985; 273 MB against 348 MB in dynamic int8.
+DECODER_INT4 = {"acoustic_decoder_stream": Scheme(4, block_size=16)}
 POLICIES = {
     "realtime": {
         "int8": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8},
         "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
+        "int4-mixed": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT4},
     },
     # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32.
     "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4}},
@@ -136,14 +230,27 @@ def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
         quantized = _dynamic(model, path, external_data)
         count = sum(1 for n in quantized.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul"))
     else:
-        quantizer = _nbits_quantizer().MatMulNBitsQuantizer(model, bits=scheme.bits, block_size=scheme.block_size,
-                                         is_symmetric=scheme.symmetric, accuracy_level=scheme.accuracy_level)
-        with _quiet(logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")):  # a line per node
-            quantizer.process()
-        quantized = quantizer.model.model
+        if scheme.method == "mixed":
+            nodes = lm_weight_matmuls(model)
+            assigned = scheme.assign(len(nodes) // len(PROJECTIONS))
+            passes = [(s, {n.name for n, a in zip(nodes, assigned) if a != s}) for s in dict.fromkeys(assigned)]
+        else:
+            passes = [(scheme, set())]
+        for part, excluded in passes:  # each pass leaves the others' nodes (and those already quantized) alone
+            model = _blockwise(model, part, excluded)
+        quantized = model
         count = sum(1 for n in quantized.graph.node if n.op_type == "MatMulNBits")
         _save(quantized, path, external_data)
     return {**scheme.describe(), "matmuls": count, "weight_bytes_before": before, "weight_bytes_after": weight_bytes(quantized)}
+
+
+def _blockwise(model: onnx.ModelProto, scheme: Scheme, excluded: set[str]) -> onnx.ModelProto:
+    quantizer = _nbits_quantizer().MatMulNBitsQuantizer(model, bits=scheme.bits, block_size=scheme.block_size,
+                                                        is_symmetric=scheme.symmetric, accuracy_level=scheme.accuracy_level,
+                                                        nodes_to_exclude=sorted(excluded))
+    with _quiet(logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")):  # a line per node
+        quantizer.process()
+    return quantizer.model.model
 
 
 def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict, list[tuple[str, np.ndarray]]]:

@@ -20,7 +20,7 @@ import torch
 from ..errors import VibeVoiceError
 from ..reference.loading import DeferredWeight
 from .graphs import GraphSpec, trace
-from .precision import Scheme, quantize_weight
+from .precision import Mixed, Scheme, layer_count, quantize_weight
 
 ALIGNMENT = 4096  # tensor offsets in the data file, so onnxruntime can map them
 
@@ -111,11 +111,12 @@ def _stream_linear(graph: ir.Graph, data: DataFile, linear: ir.Node, weight: np.
 
 
 def stream_weights(model: ir.Model, deferred: dict[str, DeferredWeight], data_path: Path,
-                   scheme: Scheme | None, progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[int, int]:
+                   scheme: Scheme | Mixed | None, progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[int, int]:
     """Give every placeholder initializer named in `deferred` its stored weight, one at a time, in
     `data_path`; returns the number of MatMuls made MatMulNBits and the bytes written."""
     graph = model.graph
     names = [name for name in list(graph.initializers) if name in deferred]
+    layers = layer_count(names)
     data, quantized = DataFile(data_path), 0
     try:
         for done, name in enumerate(names, 1):
@@ -123,7 +124,8 @@ def stream_weights(model: ir.Model, deferred: dict[str, DeferredWeight], data_pa
             weight = deferred[name].read().to(torch.float32).numpy()
             linear = _linear_use(placeholder) if weight.ndim == 2 else None
             if linear is not None:
-                quantized += _stream_linear(graph, data, linear, weight, name, scheme)
+                chosen = scheme.of_weight(name, layers) if isinstance(scheme, Mixed) else scheme
+                quantized += _stream_linear(graph, data, linear, weight, name, chosen)
             elif scheme is not None and weight.ndim == 2:
                 raise VibeVoiceError(f"{name}: a matrix the graph does not use as a linear layer's weight; "
                                      f"it cannot be stored as {scheme.name}")

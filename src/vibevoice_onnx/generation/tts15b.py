@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..script import SPEECH_END, SPEECH_PAD, SPEECH_START, Prompt
-from .common import SpeechResult, decode_latents, sample_next
+from .common import SpeechResult, Teacher, decode_latents, emitted_latent, record_conditions, sample_next
 
 EOS = "<|endoftext|>"
 MAX_LENGTH_TIMES = 2  # upstream stops after twice the prompt's length in steps
@@ -146,9 +146,14 @@ def long_form_frames(
     result: LongFormResult,
     choose: Choose | None = None,
     max_steps: int | None = None,
+    teacher: Teacher | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield each latent's audio chunk as soon as it is decoded, filling `result` as it goes; `choose`
-    overrides the token picks (verify forces a schedule), `max_steps` caps the steps below upstream's cap."""
+    overrides the token picks (verify forces a schedule), `max_steps` caps the steps below upstream's cap;
+    a `teacher` (Teacher, with tokens) decides every token and every fed-back latent, for its length."""
+    if teacher is not None:
+        tokens = teacher.tokens
+        choose, max_steps = (lambda step, greedy: tokens[step]), len(tokens)
     length = prompt_embeds.shape[1]
     limit = min(backend.max_positions - length, MAX_LENGTH_TIMES * length)
     max_steps = limit if max_steps is None else min(max_steps, limit)
@@ -179,7 +184,9 @@ def long_form_frames(
         if token != ids.pad:
             last_input = backend.embed([token])
             continue
-        z = sample_next(backend, schedule, noise, hidden, lm.negative(last_input), cfg_scale, result.frames)
+        negative = lm.negative(last_input)
+        record_conditions(result, hidden, negative)
+        z = emitted_latent(sample_next(backend, schedule, noise, hidden, negative, cfg_scale, result.frames), result, teacher)
         (chunk,), decoder_state = decode_latents(backend, [z], decoder_state, result.frames)
         result.add(z, chunk)
         yield chunk

@@ -144,9 +144,9 @@ class TorchTts15bBackend:
 @torch.no_grad()
 def generate(reference: Tts15bReference, prompt: Prompt, voices: list[np.ndarray], ids: TokenIds, noise: NoiseSource,
              cfg_scale: float = 1.3, steps: int = 10, max_frames: int | None = None, voice_rng=None,
-             choose=None, max_steps: int | None = None) -> LongFormResult:
+             choose=None, max_steps: int | None = None, result: LongFormResult | None = None) -> LongFormResult:
     backend = TorchTts15bBackend(reference)
-    result = LongFormResult()
+    result = LongFormResult() if result is None else result
     embeds = prompt_embeddings(backend, prompt, voices, voice_rng)
     for _ in long_form_frames(backend, embeds, ids, noise, cfg_scale, steps, max_frames, result, choose, max_steps):
         pass

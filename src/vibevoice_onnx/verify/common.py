@@ -75,6 +75,7 @@ LIMITS = {
     "int4": Limits(graph=0.98, window=0.85, loop=None, audio=0.8, scale=(0.75, 1.33), decision_floor=0.5,
                    forced_condition=0.98, forced_latent=0.9, forced_audio=0.98),
 }
+LIMITS["int4-mixed"] = LIMITS["int4"]  # it holds 4-bit graphs: judged as int4 is
 RANDOM_WEIGHTS_CAVEAT = (
     "Synthetic checkpoints have random weights: these gates catch broken conversions and loops that leave the "
     "reference at once, but cannot show how quantization affects the speech of real weights."
