@@ -60,13 +60,13 @@ def test_missing_and_unexpected_keys_are_named(tiny_checkpoints, tmp_path, capsy
     ckpt = copy(tiny_checkpoints["realtime"], tmp_path)
     tensors = load_file(ckpt / "model.safetensors")
     del tensors["tts_eos_classifier.fc1.bias"]
-    tensors["model.acoustic_tokenizer.encoder.head.conv.conv.bias"] = np.zeros(64, np.float32)
+    tensors["model.semantic_tokenizer.encoder.head.conv.conv.bias"] = np.zeros(64, np.float32)
     tensors["model.tts_input_types.weight"] = np.zeros((3, 64), np.float32)
     save_file(tensors, ckpt / "model.safetensors")
     assert main(["inspect", str(ckpt), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["missing"] == ["tts_eos_classifier.fc1.bias"]
-    assert report["unexpected"] == ["model.acoustic_tokenizer.encoder.head.conv.conv.bias"]
+    assert report["unexpected"] == ["model.semantic_tokenizer.encoder.head.conv.conv.bias"]
     assert report["shape_mismatches"] == [{"name": "model.tts_input_types.weight", "expected": [2, 64], "actual": [3, 64]}]
 
 

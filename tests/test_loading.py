@@ -111,3 +111,41 @@ def test_a_compact_reference_computes_the_same_numbers(tiny_checkpoints):
     embeds = torch.randn(1, 5, 64)
     assert torch.equal(full.language_model(inputs_embeds=embeds).last_hidden_state,
                        compact.language_model(inputs_embeds=embeds).last_hidden_state)
+
+
+def with_upstream_encoder(src, dst, drop: int = 0):
+    """The tiny realtime checkpoint plus the acoustic encoder tensors that upstream's own save_pretrained
+    writes (names and shapes recorded from it in upstream_realtime_encoder.json), random values."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    recorded = json.loads((Path(__file__).parent / "upstream_realtime_encoder.json").read_text())
+    checkpoint = copy_checkpoint(src, dst)
+    tensors = load_file(checkpoint / "model.safetensors")
+    g = torch.Generator().manual_seed(1)
+    for name, shape in list(recorded["tensors"].items())[drop:]:
+        tensors[name] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    return checkpoint, recorded
+
+
+@torch.no_grad()
+def test_a_realtime_checkpoint_as_upstream_saves_it_loads_with_its_encoder_ignored(tiny_checkpoints, tmp_path):
+    import json
+
+    from vibevoice_onnx.checkpoints.inspect import inspect_checkpoint
+
+    checkpoint, recorded = with_upstream_encoder(tiny_checkpoints["realtime"], tmp_path / "upstream")
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["acoustic_tokenizer_config"] == recorded["acoustic_tokenizer_config"]  # the config it was saved with
+    report = inspect_checkpoint(checkpoint)
+    assert report["ok"] and report["components"]["acoustic_encoder"] > 0 and report["unused_tensors"] >= 96
+    assert any("as upstream's save_pretrained writes it" in note for note in report["notes"])
+    hub, upstream = load_realtime(tiny_checkpoints["realtime"]), load_realtime(checkpoint)
+    for (name, a), (_, b) in zip(hub.state_dict().items(), upstream.state_dict().items()):
+        assert torch.equal(a, b), name  # the encoder lands nowhere; everything else is the same
+    partial, _ = with_upstream_encoder(tiny_checkpoints["realtime"], tmp_path / "partial", drop=1)
+    report = inspect_checkpoint(partial)
+    assert not report["ok"] and report["missing"] == [next(iter(recorded["tensors"]))]

@@ -325,6 +325,8 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
             lm=_qwen(decoder, "decoder_config", layers=configured - upper),
             tts_lm=_qwen(decoder, "decoder_config", layers=upper),
             configured_layers=configured,
+            # The hub file has no encoder, but its config describes one and upstream's save_pretrained writes it.
+            acoustic_encoder=_upstream_encoder(acoustic, "acoustic_tokenizer_config") if "encoder_depths" in acoustic else None,
             acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
             head=_head(_section(config, "diffusion_head_config", source), "diffusion_head_config"),
         )

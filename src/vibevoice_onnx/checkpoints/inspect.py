@@ -58,9 +58,9 @@ def non_finite_tensors(files: CheckpointFiles) -> list[str]:
 def inspect_checkpoint(root: Path) -> dict:
     files = open_checkpoint(Path(root))
     dims = model_dims(files.config, source=str(Path(root) / "config.json"))
-    layout = layout_for(dims)
-    expected = layout.by_name()
     stored = {normalise_key(dims.kind, name): t for name, t in files.tensors.items()}
+    layout = layout_for(dims, set(stored))
+    expected = layout.by_name()
 
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import CheckpointError
 from .configs import ConvStackDims, HeadDims, ModelDims, QwenDims
 
 # How the synthetic factory initialises a tensor (see synthetic.py). Anything a zero or 1e-6 init would make
@@ -177,14 +178,26 @@ def _scalars() -> list[TensorSpec]:
     ]
 
 
-def realtime_layout(d: ModelDims) -> Layout:
+REALTIME_ENCODER = "model.acoustic_tokenizer.encoder."
+
+
+def realtime_layout(d: ModelDims, with_encoder: bool = False) -> Layout:
+    """The hub layout; `with_encoder`: as upstream's own save_pretrained writes it, which adds the acoustic
+    encoder (its model always builds the whole acoustic tokenizer), present and unused."""
     h = d.lm.hidden
+    encoder = []
+    if with_encoder:
+        if d.acoustic_encoder is None:
+            raise CheckpointError("the checkpoint holds an acoustic encoder, but its acoustic_tokenizer_config does "
+                                  "not describe one (no encoder_depths)")
+        encoder = conv_encoder(REALTIME_ENCODER, d.acoustic_encoder, "acoustic_encoder", used=False)
     tensors = [
         *_qwen_layers("model.language_model.", d.lm, "language_model", norm=False),
         *_qwen_layers("model.tts_language_model.", d.tts_lm, "tts_language_model", embed_used=False),
         TensorSpec("model.tts_input_types.weight", (2, h), "tts_input_types", EMBEDDING),
         *_connector("model.acoustic_connector.", d.acoustic_decoder.vae_dim, h, "acoustic_connector"),
         *_prediction_head("model.prediction_head.", d.head),
+        *encoder,
         *conv_decoder("model.acoustic_tokenizer.decoder.", d.acoustic_decoder, "acoustic_decoder"),
         *_scalars(),
         TensorSpec("tts_eos_classifier.fc1.weight", (h, h), "tts_eos_classifier", LINEAR),
@@ -197,7 +210,8 @@ def realtime_layout(d: ModelDims) -> Layout:
         f"{d.lm.layers} layers without final norm (text only) + tts_language_model {d.tts_lm.layers} layers with "
         "its own norm, separate KV caches and position counters",
         "tts_language_model.embed_tokens is present but never used",
-        "no acoustic encoder: voices come only from presets",
+        "acoustic encoder present (as upstream's save_pretrained writes it) but never used: voices come only from presets"
+        if with_encoder else "no acoustic encoder: voices come only from presets",
     )
     return Layout(d, tuple(tensors), notes)
 
@@ -260,9 +274,12 @@ def asr_hf_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), ("transformers-native layout: untied lm_head, encoders only, no decoder",))
 
 
-def layout_for(d: ModelDims) -> Layout:
+def layout_for(d: ModelDims, stored: set[str] | None = None) -> Layout:
+    """The layout of a kind; `stored` (the checkpoint's normalised names) picks a variant where a kind has two:
+    a realtime checkpoint holding acoustic encoder tensors is judged as upstream's save_pretrained writes it."""
+    if d.kind == "realtime":
+        return realtime_layout(d, with_encoder=stored is not None and any(n.startswith(REALTIME_ENCODER) for n in stored))
     return {
-        "realtime": realtime_layout,
         "1.5b": tts_1p5b_layout,
         "asr": asr_codes_layout,
         "asr-hf": asr_hf_layout,

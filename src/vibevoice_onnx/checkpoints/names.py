@@ -64,7 +64,7 @@ def _strip(name: str, prefix: str) -> str | None:
     return name[len(prefix):] if name.startswith(prefix) else None
 
 
-def realtime_to_reference(name: str) -> str:
+def realtime_to_reference(name: str) -> str | None:
     """Hub key of the realtime checkpoint -> state-dict key of reference.realtime.RealtimeModel."""
     for prefix, target in (("model.language_model.", "language_model."), ("model.tts_language_model.", "tts_language_model.")):
         if (rest := _strip(name, prefix)) is not None:
@@ -73,6 +73,8 @@ def realtime_to_reference(name: str) -> str:
         return "diffusion_head." + upstream_head_to_hf(rest)
     if (rest := _strip(name, "model.acoustic_tokenizer.decoder.")) is not None:
         return "acoustic_decoder." + upstream_encoder_to_hf(rest)
+    if name.startswith("model.acoustic_tokenizer.encoder."):
+        return None  # written by upstream's save_pretrained, never used (the layout still checks it)
     if (rest := _strip(name, "model.acoustic_connector.")) is not None:
         return "acoustic_connector." + upstream_connector_to_hf(rest)
     if (rest := _strip(name, "tts_eos_classifier.")) is not None:
