@@ -13,7 +13,7 @@ import json
 
 from phases import CLI, parse_arguments, run, run_phase
 
-PRECISIONS = ("int8", "int4")
+PRECISIONS = ("int8", "int4-mixed", "int4")
 GROUPS = (1, 3, 6)
 
 

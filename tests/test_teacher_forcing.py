@@ -104,8 +104,10 @@ def test_int8_of_a_checkpoint_with_hovering_eos_passes(hovering, capsys):
         forced = gates["closed loop, teacher-forced: per-frame EOS decisions agree"]
         floor = record["thresholds"]["decision_floor"]
         assert forced["passed"] and f"frames clear of the ±{floor} noise floor" in forced["detail"]
-        assert record["closed_loop"]["teacher_forced"]["eos_logit_diff"] and record["passed"]
+        logits = record["closed_loop"]["eos_logits"]
+        assert len(logits["reference"]) == len(logits["teacher_forced"]) == CLOSED_LOOP_FRAMES - 1 and record["passed"]
     assert record["precision"] == "int8" and record["thresholds"]["forced_latent_min_cosine"] == 0.97
+    assert "first speech window" in record["loops"]["free_running"] and "every frame" in record["loops"]["teacher_forced"]
     assert "closed loop: per-frame EOS decisions agree (first 6 frames)" in gates  # free-running: one window
 
 

@@ -62,9 +62,14 @@ def test_verify_passes_every_gate_and_records_them(verified_15b):
                      "acoustic_decoder (", "acoustic_decoder_stream", "decoder: 8 streamed frames == whole decode",
                      "lm: speculative batched CFG streams == separate streams",
                      "closed loop, forced segments: per-latent min cosine", "closed loop, forced segments: audio cosine",
-                     "closed loop, free-running: same token sequence"):
+                     "closed loop, free-running: same token sequence",
+                     "closed loop, forced segments, teacher-forced: conditions min cosine",
+                     "closed loop, free-running, teacher-forced: sampled latent min cosine",
+                     "closed loop, forced segments, teacher-forced: the LM's picks agree"):
         assert any(n.startswith(expected) for n in names), expected
     loop = record["closed_loop"]
+    forced = loop["curves"]["closed loop, forced segments, teacher-forced"]
+    assert len(forced["latent_cosine"]) == len(loop["curves"]["closed loop, forced segments"]["latent_cosine"]) == 24
     assert loop["segments"] == 3 and loop["voice_latents"] == "mean" and loop["voices"] == "(synthetic signals)"
     assert all(g["cosine"] is None or g["cosine"] >= 0.99 for g in record["gates"])
     assert json.loads((bundle / "manifest.json").read_text())["parity"] == record

@@ -147,15 +147,15 @@ INT8_WIDE = Scheme(8, block_size=128)
 HEAD_INT8 = {"diffusion_head_conditioning": INT8_WIDE, "diffusion_head_step": INT8_WIDE}
 DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
 #
-# int4-mixed: 4 bits only where the teacher-forced and first-window gates showed it harmless. Measured per
-# component on the full-size synthetic checkpoint (verify's gates; the rest of the bundle int8):
-# - on the feedback path, any 4-bit graph leaves the reference's trajectory within the first window (min cosine
-#   against 0.85): upper LM all layers 0.69, its middle 6 of 20 layers 0.78, its first and last 2 kept 8-bit 0.72,
-#   v and down projections kept 8-bit 0.75, blocks of 16 0.67; lower LM 0.85 (blocks of 32) / 0.73 (16); the
-#   diffusion head 0.64 (its graph gate 0.964 too). Teacher-forced, one step of int4 error is already 0.96-0.98 in
-#   the conditions where int8's is 0.9995.
-# - the decoder is off the feedback path (only heard): 4 bits in blocks of 32 gave 0.9795 against 0.98 (graph and
-#   forced audio), in blocks of 16 0.985; 273 MB against 348 MB in dynamic int8.
+# int4-mixed: 4 bits only where the teacher-forced and first-window gates showed them harmless. Measured one
+# component at a time on the full-size synthetic checkpoint (verify's gates, the rest of the bundle int8; the
+# README's Precisions section has the table): on the feedback path every 4-bit graph tried left the
+# reference's trajectory within the first window (min cosine against 0.85): upper LM in all 20 layers 0.69,
+# blocks of 16 0.67, v and down kept 8-bit 0.75, first and last 2 layers kept 8-bit 0.72, only the middle 6
+# layers 0.78; lower LM 0.845 (blocks of 32) and 0.73 (16); the diffusion head 0.64. One step of it is
+# already 0.96-0.98 in the teacher-forced conditions, where int8's is 0.9995. The decoder is off the feedback
+# path (only heard): in blocks of 32 its graph and forced audio gave 0.978 and 0.980 against 0.98, in blocks
+# of 16 0.984 and 0.985 (273 MB against 348 MB in dynamic int8; on these CPUs 1.6x slower than dynamic int8).
 DECODER_INT4 = {"acoustic_decoder_stream": Scheme(4, block_size=16)}
 POLICIES = {
     "realtime": {
@@ -163,8 +163,13 @@ POLICIES = {
         "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
         "int4-mixed": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT4},
     },
-    # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32.
-    "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4}},
+    # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32. int4-mixed
+    # keeps the head and the LM's first and last two layers at 8 bits (on the tiny checkpoint, whose LM has 2
+    # layers, int4 everywhere gave logits cosine 0.971, with the head at 8 bits 0.974, with one layer of
+    # two at 8 bits 0.992; in the realtime upper LM the first and last two of 20 at 8 bits lifted its graph
+    # cosine from 0.980 to 0.988).
+    "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4},
+            "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 2), LayerRule(INT8, "last", 2))), "lm_head": INT8}},
 }
 POLICIES["asr-hf"] = POLICIES["asr"]
 

@@ -76,6 +76,13 @@ LIMITS = {
                    forced_condition=0.98, forced_latent=0.9, forced_audio=0.98),
 }
 LIMITS["int4-mixed"] = LIMITS["int4"]  # it holds 4-bit graphs: judged as int4 is
+LOOP_REASONS = {  # written into every parity record beside the gates they explain (see Limits)
+    "free_running": "the runtime feeds back its own latents; a random-weight loop is chaotic, so a lossy precision "
+                    "is judged over its first speech window (and every latent's scale over the whole run), fp32 "
+                    "over the whole run",
+    "teacher_forced": "the runtime runs along the reference's trajectory (its latents, and tokens, fed back): "
+                      "every frame measures one step of the bundle's error, none compounded, so every frame is judged",
+}
 RANDOM_WEIGHTS_CAVEAT = (
     "Synthetic checkpoints have random weights: these gates catch broken conversions and loops that leave the "
     "reference at once, but cannot show how quantization affects the speech of real weights."
@@ -313,6 +320,7 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
         "thresholds": {**limits.describe(), "self_consistency_min_cosine": MIN_COSINE,
                        "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
         **({} if bundle.manifest["precision"] == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
+        "loops": LOOP_REASONS,
         **info,
         "passed": all(g.passed for g in gates),
         "gates": [asdict(g) for g in gates],

@@ -97,9 +97,10 @@ def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: Voic
     forced_loop, forced_curves = forced_gates("closed loop", forced, reference, detail, limits)
     forced_eos, _ = eos_agreement("closed loop, teacher-forced", forced, reference, limits.decision_floor)
     gates += [eos_gate, *forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP)]
+    eos_logits = {name: [round(float(x), 5) for x in run.eos_logits]
+                  for name, run in (("reference", reference), ("free_running", ours), ("teacher_forced", forced))}
     return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info, **curves,
-                   "teacher_forced": {**forced_curves, "eos_logit_diff": [
-                       round(abs(a - b), 6) for a, b in zip(forced.eos_logits, reference.eos_logits)]}}
+                   "teacher_forced": forced_curves, "eos_logits": eos_logits}
 
 
 def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int) -> Gate:
