@@ -294,23 +294,28 @@ def test_a_broken_int8_asr_bundle_fails_the_teacher_forced_loop(quantized_asr_bu
     assert gates["lm_head"]["passed"] and gates["lm (past 16, new 1)"]["passed"]  # only what was broken
 
 
-def test_streamed_lm_computes_what_the_in_memory_export_computes(tiny_checkpoints, tmp_path, precision="int4"):
+@pytest.mark.parametrize("mixed", [False, True])
+def test_streamed_lm_computes_what_the_in_memory_export_computes(tiny_checkpoints, tmp_path, mixed):
     """The LM and its head traced on a skeleton, their weights streamed from the shards (quantized one tensor
-    at a time), against the same graphs exported from the fully loaded model and quantized whole. (fp32
-    streaming is judged against the reference by every fp32 bundle's gates; int8 differs from int4 only in
-    the bits it asks onnxruntime's packer for.)"""
+    at a time), against the same graphs exported from the fully loaded model and quantized whole; with a mixed
+    scheme the streamed export picks each weight's bits by its name, the in-memory one by graph order, and
+    both must give the same graph. (fp32 streaming is judged against the reference by every fp32 bundle's
+    gates; int8 differs from int4 only in the bits it asks onnxruntime's packer for.)"""
+    import onnx
     import onnxruntime as ort
 
     from vibevoice_onnx.export import asr
     from vibevoice_onnx.export.graphs import export_graph
-    from vibevoice_onnx.export.precision import policy, quantize_graph
+    from vibevoice_onnx.export.precision import INT4, INT8, LayerRule, Mixed, policy, quantize_graph
     from vibevoice_onnx.export.streaming import export_streamed
 
     checkpoint = tiny_checkpoints["asr"]
     skeleton, full = asr.load_model(checkpoint), load_asr(checkpoint)
     held = [p.untyped_storage().nbytes() for name, p in skeleton.model.named_parameters() if name.startswith(LM_WEIGHTS)]
     assert len(held) == len(skeleton.deferred) and max(held) <= 4  # placeholders only: one broadcast zero each
-    schemes = policy("asr", precision)
+    schemes = policy("asr", "int4")
+    if mixed:  # the tiny LM has 2 layers: the first at 8 bits, and the second's down projection
+        schemes = {**schemes, "lm": Mixed(INT4, (LayerRule(INT8, "first", 1), LayerRule(INT8, "last", 1, ("down",))))}
     (tmp_path / "streamed").mkdir(), (tmp_path / "memory").mkdir()
     for streamed_spec, full_spec in zip(asr.graph_specs(skeleton)[:2], asr.graph_specs(full)[:2]):
         name = streamed_spec.name
@@ -320,6 +325,9 @@ def test_streamed_lm_computes_what_the_in_memory_export_computes(tiny_checkpoint
         if name in schemes:
             quantize_graph(in_memory, schemes[name], external_data=False)
             assert details["matmuls"] == {"lm": 7 * skeleton.dims.lm.layers, "lm_head": 1}[name]
+            bits = [[a.i for a in n.attribute if a.name == "bits"][0] for n in onnx.load(str(streamed)).graph.node
+                    if n.op_type == "MatMulNBits"]
+            assert bits == ({"lm": [8] * 7 + [4] * 6 + [8], "lm_head": [4]}[name] if mixed else [4] * len(bits))
         feeds = {k: v.numpy() for k, v in zip(full_spec.inputs, full_spec.example)}
         outputs = [ort.InferenceSession(str(path)).run(None, feeds) for path in (streamed, in_memory)]
         for got, expected in zip(*outputs):
