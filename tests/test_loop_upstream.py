@@ -89,5 +89,9 @@ def test_shared_loop_matches_an_independent_transcription_of_upstream(realtime_r
     ids = encode_tts_text(tokenizer, TEXT)
     assert len(ids) > 10
     ours = generate(model, prompt, ids, noise, cfg_scale=1.7, steps=5, max_frames=frames)
-    np.testing.assert_allclose(np.stack(ours.latents), expected_latents, atol=2e-4, rtol=1e-4)
-    np.testing.assert_allclose(ours.audio, expected_audio, atol=2e-4, rtol=1e-4)
+    # The two differ in fp32 rounding only (the CFG rows batched in another order), and this random loop
+    # amplifies that about 1.5x per frame: on an AVX-512 host, from 2e-6 at frame 0 to 3.4e-4 at frame 13, on
+    # latents of RMS 2-3. Any defect of the algorithm (order, scale, feedback) is off by >1e-2 within 2 frames.
+    np.testing.assert_allclose(np.stack(ours.latents[:2]), expected_latents[:2], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.stack(ours.latents), expected_latents, atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(ours.audio, expected_audio, atol=1e-3, rtol=1e-4)
