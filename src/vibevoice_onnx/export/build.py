@@ -125,11 +125,9 @@ def check_variant(device: str, precision: str) -> None:
     if precision not in PRECISIONS:
         raise VibeVoiceError(f"precision '{precision}' is not supported (available: {', '.join(PRECISIONS)})")
     if precision not in VARIANTS[device]:
-        reason = {("cpu", "fp16"): "fp16 is never faster than fp32 on onnxruntime's CPU provider (measured); build it "
-                  "with --device cuda", ("cuda", "int8"): "build it for --device cpu",
-                  ("cuda", "int4"): "build it for --device cpu",
-                  ("cuda", "int4-mixed"): "build it for --device cpu"}.get((device, precision), "")
-        raise VibeVoiceError(f"{device}_{precision} bundles are not built: {reason}")
+        other = next(d for d, precisions in VARIANTS.items() if precision in precisions)
+        why = "fp16 is never faster than fp32 on onnxruntime's CPU provider (measured); " if precision == "fp16" else ""
+        raise VibeVoiceError(f"{device}_{precision} bundles are not built: {why}build it with --device {other}")
 
 
 def reusable_fp32(kind_root: Path, source_hash: str) -> Path | None:

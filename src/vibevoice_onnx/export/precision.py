@@ -84,10 +84,6 @@ class Mixed:
     def name(self) -> str:
         return f"{self.base.name} mixed"
 
-    @property
-    def bits(self) -> int:
-        return self.base.bits
-
     def describe(self) -> dict:
         return {"scheme": f"mixed: MatMulNBits int{self.base.bits} except where a rule says otherwise", "bits": self.base.bits,
                 "method": "mixed", "base": self.base.describe(), "rules": [r.describe() for r in self.rules]}
@@ -224,7 +220,7 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer)
 
 
-def quantize_graph(path: Path, scheme: Scheme, external_data: bool) -> dict:
+def quantize_graph(path: Path, scheme: Scheme | Mixed, external_data: bool) -> dict:
     """Quantize the graph at `path` in place; returns what was done, for the manifest."""
     path = Path(path)
     model = onnx.load(str(path))  # with its external data

@@ -27,16 +27,11 @@ MAX_NEW_TOKENS = 32768  # upstream's demo
 ENCODERS = ("acoustic_encoder_stream", "semantic_encoder_stream")
 
 
-def require_asr(bundle: Bundle) -> None:
-    if bundle.kind not in ASR_KINDS:
-        raise VibeVoiceError(f"{bundle.path}: is a {bundle.kind} bundle, not an ASR one")
-
-
 class OnnxAsrBackend:
     """Evaluates each ASR component with its ONNX graph; the KV cache is a list of arrays."""
 
     def __init__(self, bundle: Bundle):
-        require_asr(bundle)
+        bundle.require_kind(*ASR_KINDS)
         self.bundle = bundle
         (self.embed_table,) = bundle.host_tensors("embed_tokens")
         self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
@@ -94,7 +89,7 @@ class Transcriber:
 
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), threads=threads)
-        require_asr(self.bundle)  # before the admission rule: a TTS bundle is told it is one
+        self.bundle.require_kind(*ASR_KINDS)  # before the admission rule: a TTS bundle is told it is one
         if not force:
             self.bundle.require_usable()
         self.backend = OnnxAsrBackend(self.bundle)

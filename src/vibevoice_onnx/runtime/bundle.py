@@ -234,14 +234,16 @@ class Bundle:
     def dims(self) -> ModelDims:
         return model_dims(self.manifest["config"], str(self.path / MANIFEST))
 
-    def require_kind(self, kind: str) -> None:
-        if self.kind != kind:
-            raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind '{kind}'")
+    def require_kind(self, *kinds: str) -> None:
+        if self.kind not in kinds:
+            raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind "
+                              + " or ".join(f"'{kind}'" for kind in kinds))
 
     def require_usable(self) -> None:
         """The one admission rule of every command and API that runs a bundle (speak, transcribe, serve): refuse
         a bundle whose gates failed, and a reduced-precision one whose closed loop has not run (a quantized
-        graph that passes its own gate can still ruin generation once its errors feed back); `force` skips it."""
+        graph that passes its own gate can still ruin generation once its errors feed back). Callers skip it
+        when asked to (--force, force=True)."""
         parity = self.manifest.get("parity")
         precision = self.manifest["precision"]
         if parity and not parity.get("passed"):

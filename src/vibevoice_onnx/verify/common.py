@@ -238,7 +238,7 @@ def loop_gates(label: str, ours, theirs, detail: str, limits: Limits, window: in
     samples = sum(len(c) for c in theirs.chunks[:judged])
     audio_cos = cosine(ours.audio[:samples], theirs.audio[:samples]) if same_length else 0.0
     audio_diff = float(np.abs(ours.audio[:samples] - theirs.audio[:samples]).max()) if same_length else float("inf")
-    threshold = limits.loop if whole and limits.loop is not None else limits.window
+    threshold = limits.window if limits.loop is None else limits.loop
     span = "" if whole else f" (first {judged} latents)"
     low, high = limits.scale
     gates = [

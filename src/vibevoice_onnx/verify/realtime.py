@@ -33,6 +33,7 @@ CLOSED_LOOP_TEXT = (
     "one frame at a time."
 )
 CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first three text windows
+CFG_SCALE, STEPS, SEED = 1.5, 5, 1234  # upstream's defaults; the seed of the loop's noise
 
 
 def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe) -> Gate:
@@ -77,20 +78,20 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
 
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
-                limits: Limits, seed: int = 1234, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
+                limits: Limits, seed: int = SEED, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
     """The whole generation, `frames` long in every run: EOS is decided every frame but not acted on, so the
     gates judge agreement however early a (random) checkpoint would stop. The runtime runs it twice: free
     (its own latents fed back) and teacher-forced (the reference's latents fed back); see Limits."""
     noise = NoiseSource.from_seed(seed, model.dims.head.latent)
-    reference = generate(model, prompt, ids, noise, cfg_scale=1.5, steps=5, max_frames=frames, stop_on_eos=False,
-                         result=GenerationResult(conditions=[]))
+    reference = reference_loop(model, prompt, ids, noise, frames, GenerationResult(conditions=[]))
     ours, forced = GenerationResult(), GenerationResult(conditions=[])
-    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, ours, stop_on_eos=False):
+    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
         pass
-    for _ in realtime_frames(runtime, prompt, ids, noise, 1.5, 5, frames, forced, teacher=Teacher(reference.latents)):
+    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced, teacher=Teacher(reference.latents)):
         pass
     windows = -(-len(ids) // 5)
-    detail = f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg 1.5, 5 steps, seed {seed}"
+    detail = (f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg {CFG_SCALE}, {STEPS} steps, "
+              f"seed {seed}")
     judged = judged_frames(limits, SPEECH_WINDOW, reference.frames)
     gates, curves = loop_gates("closed loop", ours, reference, detail, limits, SPEECH_WINDOW)
     eos_gate, eos_info = eos_agreement("closed loop", ours, reference, limits.decision_floor, judged)
@@ -101,6 +102,13 @@ def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: Voic
                   for name, run in (("reference", reference), ("free_running", ours), ("teacher_forced", forced))}
     return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info, **curves,
                    "teacher_forced": forced_curves, "eos_logits": eos_logits}
+
+
+def reference_loop(model: RealtimeModel, prompt: VoicePrompt, ids: list[int], noise: NoiseSource,
+                   frames: int = CLOSED_LOOP_FRAMES, result: GenerationResult | None = None) -> GenerationResult:
+    """The closed loop as the reference runs it: `frames` long, EOS recorded every frame, not acted on."""
+    return generate(model, prompt, ids, noise, cfg_scale=CFG_SCALE, steps=STEPS, max_frames=frames, stop_on_eos=False,
+                    result=result)
 
 
 def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int) -> Gate:
@@ -172,9 +180,8 @@ def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.nd
     def closed_loop_logits(root: Path) -> np.ndarray:
         model = load_realtime(root)
         tokenizer = load_tokenizer(root / "tokenizer.json")
-        noise = NoiseSource.from_seed(1234, model.dims.head.latent)
-        result = generate(model, reference_prompt(model, tokenizer), encode_tts_text(tokenizer, CLOSED_LOOP_TEXT), noise,
-                          cfg_scale=1.5, steps=5, max_frames=CLOSED_LOOP_FRAMES, stop_on_eos=False)
+        result = reference_loop(model, reference_prompt(model, tokenizer), encode_tts_text(tokenizer, CLOSED_LOOP_TEXT),
+                                NoiseSource.from_seed(SEED, model.dims.head.latent))
         return np.array(result.eos_logits)
 
     logits = closed_loop_logits(checkpoint)
