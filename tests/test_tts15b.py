@@ -212,7 +212,8 @@ def test_speak_option_errors_on_a_15b_bundle(tiny_15b_bundle, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--speaker", "1=synthetic"], "--speaker does not apply to a realtime bundle; choose its voice with --voice"),
+    (["--speaker", "1=synthetic", "--voice", "synthetic"], "--voice does not apply to a dialogue (--speaker)"),
+    (["--turn-gap", "0.5"], "--turn-gap applies to a dialogue only"),
     (["--voice-latents", "mean"], "--voice-latents does not apply to a realtime bundle"),
 ])
 def test_15b_options_are_refused_on_a_realtime_bundle(tiny_bundle, tmp_path, capsys, args, message):

@@ -59,6 +59,12 @@ def db_normalize(samples: np.ndarray) -> np.ndarray:
     return samples.astype(np.float32)
 
 
+def to_pcm16(samples: np.ndarray) -> np.ndarray:
+    """Little-endian 16-bit PCM, clipped to [-1, 1] and scaled by 32767 with round-half-even, as libsndfile writes
+    PCM_16, so raw output, served audio and WAV files hold the same integers."""
+    return np.round(np.clip(np.asarray(samples, np.float32), -1.0, 1.0) * 32767).astype("<i2")
+
+
 def frames(samples: int) -> int:
     return math.ceil(samples / HOP)
 

@@ -110,8 +110,12 @@ def cmd_speak(args) -> int:
         cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
         save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
         raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
+        stream_input=args.stream_input, turn_gap=args.turn_gap,
     )
-    summary = speak(Path(args.bundle), read_text(args.text, Path(args.file) if args.file else None), options)
+    if args.stream_input and (args.text is not None or args.file):
+        raise VibeVoiceError("--stream-input reads the text from standard input; give no TEXT or -f")
+    text = None if args.stream_input else read_text(args.text, Path(args.file) if args.file else None)
+    summary = speak(Path(args.bundle), text, options)
     lines = [
         f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
         f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
@@ -290,8 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "or -f FILE, or standard input")
     p.add_argument("-f", "--file", metavar="TEXT_FILE")
     p.add_argument("--voice", metavar="NAME", help="realtime: a voice of the bundle (default: the first)")
-    p.add_argument("--speaker", action="append", metavar="N=VOICE", help="1.5B: the voice of script speaker N, a bundle "
-                   "voice or an audio file (repeat for each speaker; a lone speaker may omit N=)")
+    p.add_argument("--speaker", action="append", metavar="N=VOICE", help="the voice of script speaker N (repeat for each "
+                   "speaker; a lone speaker may omit N=). 1.5B: a bundle voice or an audio file; realtime: a bundle "
+                   "voice, and the script is spoken as a dialogue, one fresh generation per line")
+    p.add_argument("--turn-gap", type=cli_type("turn_gap"), metavar="SECONDS", help="realtime dialogue: silence "
+                   "between turns (default 0)")
+    p.add_argument("--stream-input", action="store_true", help="realtime: read standard input as it arrives and "
+                   "speak each 5-token window as soon as it is complete (`llm ... | vibevoice-onnx speak B --stream-input --raw`)")
     p.add_argument("--voice-latents", choices=["sample", "mean"], help="1.5B: draw the voice prompt's σ-VAE noise as "
                    "upstream does (sample, default) or use the encoder mean, for reproducible runs")
     p.add_argument("-o", "--output", metavar="OUT.wav", help="WAV file to write (default speech.wav)")

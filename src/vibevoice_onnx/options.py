@@ -28,6 +28,7 @@ LIMITS = {
     "threads": Limit(1, 1024, True),
     "decode_group": Limit(1, 64, True),  # realtime: frames decoded per call after the first
     "max_new_tokens": Limit(1, 131072, True),  # ASR: tokens generated at most
+    "turn_gap": Limit(0.0, 60.0, False),  # realtime dialogue: seconds of silence between turns
 }
 
 

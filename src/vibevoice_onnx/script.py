@@ -36,9 +36,14 @@ class Script:
         return [(number - self.offset, " " + text) for number, text in self.lines]
 
 
+def has_labels(text: str) -> bool:
+    """Whether a text is a script of `Speaker N:` lines (rather than plain text)."""
+    return any(_LABEL.match(line.strip()) for line in text.splitlines())
+
+
 def parse_script(text: str) -> Script:
     raw_lines = text.splitlines()
-    plain = not any(_LABEL.match(line.strip()) for line in raw_lines)
+    plain = not has_labels(text)
     lines: list[list] = []
     for index, raw in enumerate(raw_lines, start=1):
         line = raw.strip()

@@ -39,3 +39,105 @@ def encode_tts_text(tokenizer, text: str) -> list[int]:
 
 def text_windows(ids: list[int]) -> list[list[int]]:
     return [ids[i : i + TEXT_WINDOW] for i in range(0, len(ids), TEXT_WINDOW)]
+
+
+class TextCancelled(VibeVoiceError):
+    """A streamed text was closed before it was finished (the client went away)."""
+
+
+class TextFeed:
+    """Text that arrives in pieces (an LLM's tokens), handed out as the 5-token windows the loop runs.
+
+    Any split of a text into pieces gives exactly the ids of the whole text (`encode_tts_text`): a token is
+    handed out only when it ends before the start of the last whitespace run that has text after it. Up to
+    there the text's split into pre-tokens (Qwen's regex: words carry their leading space, punctuation its
+    trailing newlines, a whitespace run gives its last space to the word after it) is settled whatever comes
+    next, and byte-level BPE never merges across pre-tokens. The rest (the last, perhaps unfinished word)
+    waits for more text or `finish()`, which strips and ends the text as `normalise_tts_text` does.
+
+    `feed`, `finish` and `close` may be called from one thread while another iterates over the windows."""
+
+    def __init__(self, tokenizer, max_chars: int | None = None):
+        import threading
+
+        self.tokenizer, self.max_chars = tokenizer, max_chars
+        self._ready = threading.Condition()
+        self._text, self._settled_at, self._ids, self._handed = "", 0, [], 0
+        self.finished = self.closed = False
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def feed(self, piece: str) -> None:
+        if not isinstance(piece, str):
+            raise VibeVoiceError(f"text pieces must be strings, got {type(piece).__name__}")
+        with self._ready:
+            if self.finished or self.closed:
+                raise VibeVoiceError("this text is already finished: no more pieces can be added")
+            if self.max_chars is not None and len(self._text) + len(piece) > self.max_chars:
+                raise VibeVoiceError(f"the text is longer than the limit of {self.max_chars} characters")
+            self._text += piece
+            self._settle()
+            self._ready.notify_all()
+
+    def finish(self) -> None:
+        with self._ready:
+            if self.finished:
+                return
+            whole = encode_tts_text(self.tokenizer, self._text)  # raises on an empty text
+            self._extend(whole)
+            self.finished = True
+            self._ready.notify_all()
+
+    def close(self) -> None:
+        """Give up: a loop waiting for text raises TextCancelled."""
+        with self._ready:
+            self.closed = True
+            self._ready.notify_all()
+
+    def _settle(self) -> None:
+        text = _prepared(self._text)
+        cut = _settled_length(text)
+        if cut <= self._settled_at:
+            return
+        self._settled_at = cut
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        self._extend([i for i, (_, end) in zip(encoding.ids, encoding.offsets) if end <= cut])
+
+    def _extend(self, ids: list[int]) -> None:
+        if ids[: len(self._ids)] != self._ids:  # the argument above guarantees it; a tokenizer that broke it is caught
+            raise VibeVoiceError("streamed text tokenised differently from the whole text (a tokenizer this "
+                                 "streaming rule does not cover)")
+        self._ids = list(ids)
+
+    def __iter__(self):
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self.closed or self.finished or len(self._ids) - self._handed >= TEXT_WINDOW)
+                if self.closed:
+                    raise TextCancelled("the streamed text was closed before it was finished")
+                window = self._ids[self._handed : self._handed + TEXT_WINDOW]
+                self._handed += len(window)
+            if not window:
+                return
+            yield window
+
+
+def _prepared(text: str) -> str:
+    """The streamed text as normalise_tts_text prepares the whole one, but for its (unknown) end."""
+    for old, new in _QUOTES.items():
+        text = text.replace(old, new)
+    return text.lstrip()
+
+
+def _settled_length(text: str) -> int:
+    """Where the last whitespace run that has text after it starts (0 if there is none)."""
+    end = len(text.rstrip())
+    last_space = max((i for i in range(end) if text[i].isspace()), default=-1)
+    if last_space < 0:
+        return 0
+    start = last_space
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return start

@@ -14,7 +14,9 @@ a backend that evaluates the components; this module owns the algorithm of upstr
   decision is recorded but not acted on, so a run has a fixed length whatever a random model decides);
 * a text window that would push the positive upper-LM sequence past max_position_embeddings is not run;
   a frame whose feedback would is still emitted, then generation stops (upstream's strict `>` check);
-* once the text is used up, speech windows continue until EOS or the length limit;
+* once the text is used up, speech windows continue until EOS or the length limit; text that streams in
+  (text.TextFeed) gives its windows as they complete, and the loop waits for each, so it runs as on the
+  whole text;
 * a latent or audio chunk holding NaN or infinity stops generation with an error naming the frame, before
   the chunk is handed out (one isfinite per frame).
 """
@@ -22,7 +24,7 @@ a backend that evaluates the components; this module owns the algorithm of upstr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -101,7 +103,9 @@ def sigmoid(x: float) -> np.float32:
 class FrameDecoder:
     """Decodes latents as the loop makes them: the first frame alone (for early first audio), the later ones
     in groups of `group` through the streaming decoder, whose weights are then read once per group; streamed
-    decoding in groups gives the same audio as frame by frame (gated by verify)."""
+    decoding in groups gives the same audio as frame by frame within float rounding (gated by verify). A group
+    never spans two speech windows, so a window's audio is out before the loop waits for streamed text, and
+    whole and streamed texts are decoded in the same groups (the same samples, bit for bit)."""
 
     def __init__(self, backend: RealtimeBackend, result: GenerationResult, group: int):
         if group < 1:
@@ -112,7 +116,9 @@ class FrameDecoder:
     def add(self, z: np.ndarray) -> list[np.ndarray]:
         self.result.latents.append(z)
         self.pending.append(z)
-        return self.flush() if len(self.result.latents) == 1 or len(self.pending) >= self.group else []
+        frames = len(self.result.latents)
+        due = frames == 1 or len(self.pending) >= self.group or frames % SPEECH_WINDOW == 0
+        return self.flush() if due else []
 
     def flush(self) -> list[np.ndarray]:
         if not self.pending:
@@ -127,7 +133,7 @@ class FrameDecoder:
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
-    text_ids: list[int],
+    text_ids: list[int] | Iterable[list[int]],
     noise: NoiseSource,
     cfg_scale: float,
     steps: int,
@@ -138,16 +144,19 @@ def realtime_frames(
     teacher: Teacher | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield audio chunks (one per frame) as they are decoded, filling `result` as it goes; see FrameDecoder
-    for `decode_group`, and Teacher for `teacher` (which runs the teacher's length, EOS recorded, not acted on)."""
+    for `decode_group`, and Teacher for `teacher` (which runs the teacher's length, EOS recorded, not acted on).
+    `text_ids` is the whole text's ids, or its windows as they come (a text.TextFeed)."""
+    streamed = not isinstance(text_ids, (list, tuple))
+    windows = iter(text_ids) if streamed else iter(text_windows(text_ids))
     decoder = FrameDecoder(backend, result, decode_group)
     if teacher is not None:
         max_frames, stop_on_eos = len(teacher.latents), False
-    for z in _latents(backend, prompt, text_ids, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
+    for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
         yield from decoder.add(z)
     yield from decoder.flush()
 
 
-def _latents(backend: RealtimeBackend, prompt: VoicePrompt, text_ids: list[int], noise: NoiseSource, cfg_scale: float,
+def _latents(backend: RealtimeBackend, prompt: VoicePrompt, windows: Iterator[list[int]], noise: NoiseSource, cfg_scale: float,
              steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool,
              teacher: Teacher | None) -> Iterator[np.ndarray]:
     """The latents z in order; the caller records each before the next is made."""
@@ -160,12 +169,11 @@ def _latents(backend: RealtimeBackend, prompt: VoicePrompt, text_ids: list[int],
     h_neg = np.asarray(prompt.neg_condition, np.float32)[None]
     text_type, speech_type = backend.type_embedding(TEXT_TYPE), backend.type_embedding(SPEECH_TYPE)
 
-    windows = text_windows(text_ids)
-    window_index = 0
+    text_left = True
     while True:
-        if window_index < len(windows):
-            window = windows[window_index]
-            window_index += 1
+        window = next(windows, None) if text_left else None
+        text_left = window is not None
+        if window is not None:
             if tts.position + len(window) > backend.max_positions:
                 result.stop_reason = "max_length"
                 return

@@ -4,17 +4,25 @@
     for chunk in tts.stream("Hello there.", voice="en-Davis_man"):
         play(chunk.samples, chunk.sample_rate)
     audio, sample_rate = tts.create("Hello there.", voice="en-Davis_man", seed=7)
+
+    speech = tts.text_stream(voice="en-Davis_man", seed=7)   # text streamed in while audio streams out
+    # one thread: for piece in llm_tokens: speech.feed(piece); then speech.finish()
+    # another:    for chunk in speech: play(chunk.samples, chunk.sample_rate)
+
+    tts.dialogue("Speaker 1: Hi.\nSpeaker 2: Hello!", {1: "en-Davis_man", 2: "en-Grace_woman"}, seed=7)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import VibeVoiceError
 from ..generation.common import LmStream
 from ..generation.realtime import GenerationResult, realtime_frames
 from ..options import check, check_optional
 from ..sampling import NoiseSource
-from ..text import encode_tts_text
+from ..script import assign_voices, parse_script
+from ..text import TextFeed, encode_tts_text
 from .bundle import Bundle
 from .lm import BatchedGuidedStreams, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
@@ -84,6 +92,34 @@ class OnnxRealtimeBackend:
         return (latent / self.scale - self.bias).astype(F32)
 
 
+class TextStream(Speech):
+    """Speech of a text that streams in: `feed(piece)` and then `finish()` (from any thread) while another
+    thread iterates for the audio; `close()` gives up, and a loop waiting for text stops with TextCancelled.
+    With the same noise the audio is that of `stream(whole_text)`, however the text was split."""
+
+    def __init__(self, text: TextFeed, frames, result, seed, noise):
+        super().__init__(frames, result, seed, noise)
+        self.text = text
+
+    def feed(self, piece: str) -> None:
+        self.text.feed(piece)
+
+    def finish(self) -> None:
+        self.text.finish()
+
+    def close(self) -> None:
+        self.text.close()
+
+
+class Dialogue(Speech):
+    """A `Speaker N:` script spoken turn by turn, each turn a fresh generation from its speaker's voice;
+    `turns` holds each turn's (speaker, voice, seed, GenerationResult) as it is spoken."""
+
+    def __init__(self, frames, result, seed, turns: list):
+        super().__init__(frames, result, seed, None)
+        self.turns = turns
+
+
 class RealtimeTTS(TtsModel):
     """VibeVoice-Realtime from an ONNX bundle, with onnxruntime and numpy only."""
 
@@ -95,12 +131,53 @@ class RealtimeTTS(TtsModel):
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                noise: NoiseSource | None = None, max_frames: int | None = None,
                decode_group: int = DECODE_GROUP) -> Speech:
+        return self._speech(encode_tts_text(self.bundle.tokenizer, text), voice, cfg_scale, steps, seed, noise,
+                            max_frames, decode_group)
+
+    def text_stream(self, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
+                    noise: NoiseSource | None = None, max_frames: int | None = None,
+                    decode_group: int = DECODE_GROUP, max_chars: int | None = None) -> TextStream:
+        """Speech of a text fed in pieces (see TextStream); each 5-token window runs as soon as it is complete."""
+        feed = TextFeed(self.bundle.tokenizer, max_chars)
+        speech = self._speech(feed, voice, cfg_scale, steps, seed, noise, max_frames, decode_group)
+        return TextStream(feed, speech._frames, speech.result, speech.seed, speech.noise)
+
+    def dialogue(self, script: str, voices: dict, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
+                 max_frames: int | None = None, turn_gap: float = 0.0, decode_group: int = DECODE_GROUP) -> Dialogue:
+        """Speak a `Speaker N:` script, one line a turn: turn k (from 0) is `stream(its text, its speaker's
+        voice, seed=seed + k)`, capped at `max_frames`, and `turn_gap` seconds of silence join the turns.
+        `voices` maps each speaker number as written to a bundle voice (a None key: a script of one speaker)."""
+        parsed = parse_script(script)
+        by_speaker = dict(zip(parsed.speakers, assign_voices(parsed, voices)))
+        for voice in set(by_speaker.values()):
+            self.bundle.voice(voice)  # an unknown voice is refused before any audio
+        gap = np.zeros(round(check("turn_gap", turn_gap) * self.sample_rate), F32)
+        _, seed = self.noise_source(seed, None)
+        if seed + len(parsed.lines) - 1 > 2**63 - 1:
+            raise VibeVoiceError(f"seed {seed} + {len(parsed.lines) - 1} turns exceeds the largest seed")
+        result, turns = GenerationResult(), []
+        speeches = [(number, by_speaker[number], seed + k, text) for k, (number, text) in enumerate(parsed.lines)]
+
+        def frames():
+            for number, voice, turn_seed, text in speeches:
+                speech = self.stream(text, voice, cfg_scale, steps, turn_seed, None, max_frames, decode_group)
+                turns.append((number, voice, turn_seed, speech.result))
+                for frame, samples in enumerate(speech._frames):
+                    if frame == 0 and len(turns) > 1:
+                        samples = np.concatenate([gap, samples])
+                    result.add(speech.result.latents[frame], samples)
+                    yield samples
+                result.stop_reason = speech.result.stop_reason
+
+        return Dialogue(frames(), result, seed, turns)
+
+    def _speech(self, text_ids, voice: str, cfg_scale: float, steps: int, seed: int | None, noise: NoiseSource | None,
+                max_frames: int | None, decode_group: int) -> Speech:
         cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
         max_frames, decode_group = check_optional("max_frames", max_frames), check("decode_group", decode_group)
         prompt = self.bundle.voice(voice)
-        ids = encode_tts_text(self.bundle.tokenizer, text)
         noise, seed = self.noise_source(seed, noise)
         result = GenerationResult()
-        frames = realtime_frames(self.backend, prompt, ids, noise, cfg_scale, steps, max_frames, result,
+        frames = realtime_frames(self.backend, prompt, text_ids, noise, cfg_scale, steps, max_frames, result,
                                  decode_group=decode_group)
         return Speech(frames, result, seed, noise)

@@ -3,8 +3,10 @@ PCM on stdout. The bundle's kind decides; an option of the other kind is refused
 
 from __future__ import annotations
 
+import codecs
 import re
 import sys
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..audio import to_pcm16
 from ..errors import VibeVoiceError
 from ..outputs import atomic_file, check_output_file
 from ..sampling import NoiseSource
@@ -37,6 +40,8 @@ class SpeakOptions:
     threads: int | None = None
     decode_group: int | None = None  # realtime: frames per decoder call after the first
     force: bool = False  # speak with a bundle that failed or skipped its gates
+    stream_input: bool = False  # realtime: speak standard input as it arrives
+    turn_gap: float | None = None  # realtime dialogue: seconds of silence between turns
 
 
 def read_text(text: str | None, text_file: Path | None) -> str:
@@ -85,12 +90,13 @@ class _AudioSink:
     def write(self, samples: np.ndarray) -> None:
         if self.options.wav_format == "pcm16":
             self.clipped += int(np.count_nonzero(np.abs(samples) > 1.0))
-            samples = np.clip(samples, -1.0, 1.0)
+        # 16-bit samples are quantised here (not by libsndfile, whose rounding differs between versions), so a
+        # WAV file, raw output and the server's audio hold the same integers.
+        data = to_pcm16(samples) if self.options.wav_format == "pcm16" else samples.astype("<f4")
         if self.file is not None:
             with self._wav_errors():
-                self.file.write(samples)
+                self.file.write(data)
             return
-        data = (np.round(samples * 32767).astype("<i2") if self.options.wav_format == "pcm16" else samples.astype("<f4"))
         sys.stdout.buffer.write(data.tobytes())
         sys.stdout.buffer.flush()
 
@@ -126,7 +132,6 @@ def _refuse(kind: str, options: SpeakOptions, names: dict[str, object]) -> None:
         if value is not None:
             raise VibeVoiceError(f"{flag} does not apply to a {kind} bundle" + {
                 "--voice": "; give each speaker a voice with --speaker N=VOICE",
-                "--speaker": "; choose its voice with --voice",
                 "--voice-latents": " (its voices are cached prompts, not audio samples)",
                 "--decode-group": " (each latent's audio feeds the next step, so it is decoded at once)",
             }.get(flag, ""))
@@ -147,17 +152,9 @@ def _start(tts, text: str, options: SpeakOptions):
     cfg_scale = defaults["cfg_scale"] if options.cfg_scale is None else options.cfg_scale
     steps = defaults["steps"] if options.steps is None else options.steps
     if tts.kind == "realtime":
-        _refuse(tts.kind, options, {"--speaker": options.speakers, "--voice-latents": options.voice_latents})
-        group = {} if options.decode_group is None else {"decode_group": options.decode_group}
-        if options.seed is not None and options.noise is not None:
-            raise VibeVoiceError("give either --seed or --noise, not both")
-        voice = options.voice or (tts.voices[0] if tts.voices else None)
-        if voice is None:
-            raise VibeVoiceError(f"{tts.bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
-        speech = tts.stream(text, voice, cfg_scale=cfg_scale, steps=steps, seed=options.seed, noise=_noise(tts, options),
-                            max_frames=options.max_frames, **group)
-        return speech, f"voice {voice}", None
-    _refuse(tts.kind, options, {"--voice": options.voice, "--decode-group": options.decode_group})
+        return _start_realtime(tts, text, options, cfg_scale, steps)
+    _refuse(tts.kind, options, {"--voice": options.voice, "--decode-group": options.decode_group,
+                                "--stream-input": options.stream_input or None, "--turn-gap": options.turn_gap})
     voice_latents = options.voice_latents or "sample"
     if options.seed is not None and options.noise is not None and voice_latents == "mean":
         raise VibeVoiceError("give either --seed or --noise with --voice-latents mean: nothing else is random")
@@ -173,7 +170,49 @@ def _start(tts, text: str, options: SpeakOptions):
     return speech, f"speakers {named}, voice latents {voice_latents}", preparing
 
 
-def speak(bundle_dir: Path, text: str, options: SpeakOptions) -> dict:
+def _start_realtime(tts, text: str | None, options: SpeakOptions, cfg_scale: float, steps: int):
+    """Plain text, text streamed from standard input, or a dialogue (`--speaker N=VOICE`, one preset each)."""
+    _refuse(tts.kind, options, {"--voice-latents": options.voice_latents})
+    common = dict(cfg_scale=cfg_scale, steps=steps, seed=options.seed, max_frames=options.max_frames,
+                  **({} if options.decode_group is None else {"decode_group": options.decode_group}))
+    if options.speakers:
+        if options.voice or options.noise or options.stream_input:
+            flag = "--voice" if options.voice else "--noise" if options.noise else "--stream-input"
+            raise VibeVoiceError(f"{flag} does not apply to a dialogue (--speaker): each turn uses its speaker's "
+                                 "voice and the noise of seed + turn")
+        given = parse_speakers(options.speakers)
+        speech = tts.dialogue(text, given, turn_gap=options.turn_gap or 0.0, **common)
+        named = ", ".join(f"{n}={v}" if n is not None else str(v) for n, v in given.items())
+        return speech, f"dialogue, one turn per line, speakers {named} (turn k: seed + k)", None
+    if options.turn_gap is not None:
+        raise VibeVoiceError("--turn-gap applies to a dialogue only: a script spoken with --speaker N=VOICE")
+    if options.seed is not None and options.noise is not None:
+        raise VibeVoiceError("give either --seed or --noise, not both")
+    voice = options.voice or (tts.voices[0] if tts.voices else None)
+    if voice is None:
+        raise VibeVoiceError(f"{tts.bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+    if options.stream_input:
+        speech = tts.text_stream(voice, noise=_noise(tts, options), **common)
+        threading.Thread(target=_feed_stdin, args=(speech,), daemon=True).start()
+        return speech, f"voice {voice}, text from standard input as it arrives", None
+    return tts.stream(text, voice, noise=_noise(tts, options), **common), f"voice {voice}", None
+
+
+def _feed_stdin(speech) -> None:
+    """Feed standard input to a text stream as it arrives (an LLM piping its answer), then finish it."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    try:
+        while piece := stdin.read(4096):
+            speech.feed(decoder.decode(piece))
+        speech.feed(decoder.decode(b"", final=True))
+        speech.finish()
+    except VibeVoiceError as e:  # an empty text: the loop, waiting, is told why
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        speech.close()
+
+
+def speak(bundle_dir: Path, text: str | None, options: SpeakOptions) -> dict:
     for path in (None if options.raw else options.output, options.save_latents):
         if path is not None:
             check_output_file(path)
