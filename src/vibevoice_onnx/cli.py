@@ -211,6 +211,24 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    try:
+        from .serve import API_KEY_ENV, Settings, run
+        from .serve.models import parse_aliases
+    except ImportError as e:
+        raise VibeVoiceError(f"serving needs the serve extra (pip install 'vibevoice-onnx[serve]'): {e}") from None
+    settings = Settings(max_active=args.max_active, max_queue=args.max_queue, max_input_chars=args.max_input_chars,
+                        max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                        body_timeout=args.body_timeout)
+    print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
+    try:
+        run([Path(b) for b in args.bundle], settings, host=args.host, port=args.port, threads=args.threads,
+            force=args.force, aliases=parse_aliases(args.voice_alias or []))
+    except Terminated:  # uvicorn re-raises the SIGTERM it handled once it has shut down: a clean stop
+        print("stopped", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args) -> int:
     """The main job on an embedded default: a tiny synthetic realtime checkpoint, end to end."""
     work = Path(args.workdir)
@@ -357,6 +375,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw when each frame's audio was ready (needs matplotlib)")
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible speech and transcription server over bundles (serve extra)")
+    p.add_argument("bundle", nargs="+", metavar="BUNDLE_DIR", help="realtime, 1.5B and ASR bundles, in any mix")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
+    p.add_argument("--max-active", type=int, default=4, metavar="N", help="generations running at once (default 4)")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, 429 "
+                   "with Retry-After (default 16)")
+    p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
+    p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS", help="time for a request body "
+                   "to arrive (default 30)")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health "
+                   "(or set VIBEVOICE_API_KEY)")
+    p.add_argument("--voice-alias", action="append", metavar="NAME=VOICE", help="map a voice name (OpenAI's alloy, "
+                   "echo, ...) to a bundle voice (repeatable)")
+    p.add_argument("--force", action="store_true", help="serve bundles that failed their gates or, quantized, "
+                   "have not been verified")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")
     p.set_defaults(func=cmd_demo)
@@ -399,7 +437,7 @@ def _quiet_broken_pipe() -> int:
 
 # Commands whose process runs onnxruntime sessions and nothing else: as the process's own command line they
 # share one thread pool (runtime.bundle.share_threads).
-SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench")
+SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

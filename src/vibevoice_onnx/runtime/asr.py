@@ -111,9 +111,10 @@ class Transcriber:
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, hotwords: str | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None, mean_latents: bool = False,
-                   progress=None, on_segment=None) -> Transcript:
-        """`progress(tokens, seconds)` is called after each token, `on_segment(done, total)` after each 60 s
-        segment of audio over 60 s. Without `seed`, the acoustic noise is random."""
+                   progress=None, on_segment=None, on_token=None) -> Transcript:
+        """`progress(tokens, seconds)` is called after each token, `on_token(token_ids_so_far)` too (for text
+        streamed as it decodes), `on_segment(done, total)` after each 60 s segment of audio over 60 s.
+        Without `seed`, the acoustic noise is random."""
         samples = self.load(audio, sample_rate)
         prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
         started = time.perf_counter()
@@ -124,6 +125,8 @@ class Transcriber:
         for count, _ in enumerate(transcribe_tokens(self.backend, prompt, embeddings, self.stops, max_new_tokens, result), 1):
             if progress is not None:
                 progress(count, time.perf_counter() - encoded)
+            if on_token is not None:
+                on_token(result.tokens)
         done = time.perf_counter()
         raw = self.tokenizer.decode(result.tokens, skip_special_tokens=False)
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)

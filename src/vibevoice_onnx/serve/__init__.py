@@ -1,0 +1,37 @@
+"""An OpenAI-compatible speech and transcription server over vibevoice-onnx bundles (the `serve` extra:
+FastAPI, uvicorn, PyAV). Above the runtime: it imports the runtime, never torch."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from .app import API_KEY_ENV, Settings, create_app
+from .models import Models
+
+__all__ = ["API_KEY_ENV", "Models", "Settings", "create_app", "run"]
+
+
+def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
+        force: bool = False, aliases: dict[str, str] | None = None, shutdown_seconds: float = 10.0) -> None:
+    """Open every bundle once, then serve until SIGTERM or Ctrl-C: new connections are refused at once, running
+    streams end at their next frame with their encoders flushed, and the process exits."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    models = Models.open(bundles, threads=threads, force=force, aliases=aliases)
+    for model in models.by_id.values():
+        logging.getLogger("vibevoice_onnx.serve").info("model %s: %s %s, %d voices, from %s", model.id, model.kind,
+                                                       model.bundle.manifest["precision"], len(model.voices()),
+                                                       model.bundle.path)
+    app = create_app(models, settings)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            settings.stopping.set()  # streams wind down at their next frame, before uvicorn waits for them
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, ws="websockets",
+                            ws_max_size=1 << 20, timeout_graceful_shutdown=shutdown_seconds, timeout_keep_alive=30)
+    Server(config).run()

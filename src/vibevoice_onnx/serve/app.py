@@ -1,0 +1,471 @@
+"""The HTTP app: OpenAI's audio routes, the voices and models lists, health, and the text-in/audio-out
+websocket, over bundles opened once per process (serve.models)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
+
+from ..audio import SAMPLE_RATE
+from ..errors import VibeVoiceError
+from ..runtime.bundle import voice_path
+from . import speech as speech_route
+from . import transcriptions as asr_route
+from .http import Admission, ApiError, Pump, bounded, read_body, with_timeout
+from .models import Models
+
+log = logging.getLogger("vibevoice_onnx.serve")
+API_KEY_ENV = "VIBEVOICE_API_KEY"
+FORM_OVERHEAD = 64 * 1024  # multipart boundaries and text fields, beyond the upload itself
+
+
+@dataclass
+class Settings:
+    max_active: int = 4  # generations at once (each a worker thread)
+    max_queue: int = 16  # requests that may wait for one; beyond, 429
+    max_input_chars: int = 4096
+    max_upload_mb: float = 25.0  # OpenAI's own limit
+    api_key: str | None = None
+    body_timeout: float = 30.0  # seconds for a request body (or a websocket message) to arrive
+    stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM: streams end cleanly
+
+    def __post_init__(self):
+        for name, least in (("max_active", 1), ("max_queue", 0), ("max_input_chars", 1), ("max_upload_mb", 1e-3),
+                            ("body_timeout", 1e-3)):
+            if not getattr(self, name) >= least:
+                flag = "--" + name.replace("_", "-")
+                raise VibeVoiceError(f"{flag} must be at least {least:g}, got {getattr(self, name)}")
+
+
+def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    workers = ThreadPoolExecutor(settings.max_active + 2, thread_name_prefix="generation")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        settings.stopping.set()
+        workers.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="vibevoice-onnx", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    state = _State(models, settings, workers)
+    app.state.vibevoice = state
+    _errors(app)
+    _auth_and_log(app, settings)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "stopping" if settings.stopping.is_set() else "ok", "models": list(models.by_id)}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [m.describe() for m in models.by_id.values()]}
+
+    @app.get("/v1/models/{model_id}")
+    async def get_model(model_id: str):
+        if model_id not in models.by_id:
+            raise ApiError(404, f"no model '{model_id}' here (served: {', '.join(models.by_id)})", param="model",
+                           code="model_not_found")
+        return models.by_id[model_id].describe()
+
+    @app.get("/v1/audio/voices")
+    async def list_voices(model: str | None = None):
+        chosen = [_tts_model(models, model)] if model else [m for m in models.by_id.values() if m.task == "tts"]
+        return {"voices": [{"id": v, "name": v, "model": m.id} for m in chosen for v in m.voices()]}
+
+    @app.post("/v1/audio/voices")
+    async def add_voice(request: Request):
+        return await _add_voice(request, state)
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        return await _speech(request, state)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        return await _transcription(request, state)
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(websocket: WebSocket):
+        await _speech_socket(websocket, state)
+
+    return app
+
+
+@dataclass
+class _State:
+    models: Models
+    settings: Settings
+    workers: ThreadPoolExecutor
+    admission: Admission | None = None
+
+    def admit(self) -> Admission:
+        if self.admission is None:  # made in the event loop that serves
+            self.admission = Admission(self.settings.max_active, self.settings.max_queue)
+        return self.admission
+
+
+def _tts_model(models: Models, name: str):
+    try:
+        return models.get(name, "tts")
+    except VibeVoiceError as e:
+        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+
+
+# ---- errors, auth, the log line ----
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request, error: ApiError):
+        return error.response()
+
+    @app.exception_handler(VibeVoiceError)
+    async def user_error(request, error: VibeVoiceError):
+        return ApiError(400, str(error)).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return ApiError(422, first.get("msg", "invalid request"), param=param, code="invalid_type").response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error: HTTPException):
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return ApiError(error.status_code, message.get(error.status_code, str(error.detail))).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(request, error: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return ApiError(500, f"internal error ({type(error).__name__}); the server log has the details").response()
+
+
+def _authorized(headers, settings: Settings) -> bool:
+    if not settings.api_key:
+        return True
+    return headers.get("authorization", "") == f"Bearer {settings.api_key}"
+
+
+def _auth_and_log(app: FastAPI, settings: Settings) -> None:
+    @app.middleware("http")
+    async def auth_and_log(request: Request, call_next):
+        started = time.perf_counter()
+        request.state.model, request.state.audio_seconds, request.state.streamed = None, None, False
+        if request.url.path != "/health" and not _authorized(request.headers, settings):
+            response = ApiError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'",
+                                code="invalid_api_key").response()
+        else:
+            response = await call_next(request)
+        if not request.state.streamed:  # a stream logs its own line when it ends
+            log_request(request.method, request.url.path, request.state.model, response.status_code,
+                        time.perf_counter() - started, request.state.audio_seconds)
+        return response
+
+
+def log_request(method: str, route: str, model, status, seconds: float, audio_seconds=None, note: str = "") -> None:
+    audio = f" audio={audio_seconds:.2f}s" if audio_seconds is not None else ""
+    log.info("%s %s model=%s status=%s seconds=%.3f%s%s", method, route, model or "-", status, seconds, audio,
+             f" {note}" if note else "")
+
+
+# ---- speech ----
+
+async def _json_body(request: Request, state: _State):
+    import json
+
+    limit = state.settings.max_input_chars * 4 + 64 * 1024
+    raw = await read_body(request, limit, state.settings.body_timeout)
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
+
+
+async def _speech(request: Request, state: _State):
+    started = time.perf_counter()
+    body = await _json_body(request, state)
+    parsed = speech_route.parse_speech(body, state.models, state.settings.max_input_chars)
+    request.state.model = parsed.model.id
+    generation = speech_route.start(parsed)
+    admission = state.admit()
+    await admission.enter()
+    sse = parsed.stream_format == "sse"
+    pump = Pump(speech_route.encode_job(generation, parsed.response_format, sse, state.settings.stopping),
+                state.workers, on_stop=getattr(generation, "close", None))
+    pump.finished.add_done_callback(lambda _: admission.leave())
+    request.state.streamed = True
+
+    async def stream():
+        status, note = 200, ""
+        try:
+            async for data in pump:
+                yield data
+            if sse:
+                yield speech_route.sse_event("speech.audio.done",
+                                             usage=speech_route.usage(parsed.model, parsed.text, generation.result.frames))
+        except asyncio.CancelledError:
+            status, note = 499, "client disconnected"
+            raise
+        except Exception as e:  # after the first byte there is no status to change: say so in the stream, or cut it
+            status, note = 500, f"generation failed: {e}"
+            log.exception("speech generation failed")
+            if not sse:
+                raise
+            yield f"data: {ApiError(500, str(e)).body()}\n\n".encode()
+        finally:
+            pump.stop()
+            log_request("POST", "/v1/audio/speech", parsed.model.id, status, time.perf_counter() - started,
+                        generation.audio_seconds, note)
+
+    headers = {"x-vibevoice-seed": str(generation.seed)} if generation.seed is not None else {}
+    return StreamingResponse(stream(), media_type=parsed.media_type, headers=headers)
+
+
+async def _speech_socket(websocket: WebSocket, state: _State) -> None:
+    """First a JSON message with the speech fields (no `input` needed), then `input_text.delta` messages and
+    `input_text.done`; binary audio goes back as it decodes, then `audio.done` with the usage."""
+    started, settings = time.perf_counter(), state.settings
+    if not _authorized(websocket.headers, settings):
+        await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
+        return
+    await websocket.accept()
+    pump, model_id, status, generation = None, None, "done", None
+    try:
+        first = await with_timeout(websocket.receive_json(), settings.body_timeout)
+        parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, text_required=False)
+        model_id = parsed.model.id
+        if parsed.model.kind != "realtime":
+            raise ApiError(400, f"model '{model_id}' is a {parsed.model.kind} model: text streams into realtime models "
+                           "only", param="model")
+        if len(parsed.voices) != 1:
+            raise ApiError(400, "a streamed text takes one voice", param="voice")
+        try:
+            generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
+                                                         **parsed.options)
+            if parsed.text:
+                generation.feed(parsed.text)
+        except VibeVoiceError as e:
+            raise ApiError(400, str(e)) from None
+        admission = state.admit()
+        await admission.enter()
+        pump = Pump(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
+                    state.workers, on_stop=generation.close)
+        pump.finished.add_done_callback(lambda _: admission.leave())
+        receiver = asyncio.create_task(_receive_text(websocket, generation, settings))
+        try:
+            async for data in pump:
+                await websocket.send_bytes(data)
+        finally:
+            receiver.cancel()
+        await websocket.send_json({"type": "audio.done", "usage": speech_route.usage(parsed.model, generation.text.text,
+                                                                                        generation.result.frames)})
+        await websocket.close()
+    except WebSocketDisconnect:
+        status = "client disconnected"
+    except ApiError as e:
+        status = e.status
+        await _socket_error(websocket, e)
+    except VibeVoiceError as e:
+        status = 400
+        await _socket_error(websocket, ApiError(400, str(e)))
+    except Exception as e:  # noqa: BLE001 - one bad stream never takes the server down
+        status = 500
+        log.exception("speech stream failed")
+        await _socket_error(websocket, ApiError(500, f"generation failed: {e}"))
+    finally:
+        if pump is not None:
+            pump.stop()
+        log_request("WS", "/v1/audio/speech/stream", model_id, status, time.perf_counter() - started,
+                    generation.audio_seconds if generation is not None else None)
+
+
+async def _receive_text(websocket: WebSocket, generation, settings: Settings) -> None:
+    """Feed the text messages to the generation; a bad one ends the stream with an error event."""
+    import json
+
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            generation.close()
+            return
+        try:
+            event = json.loads(message.get("text") or "")
+        except json.JSONDecodeError:
+            event = None
+        kind = event.get("type") if isinstance(event, dict) else None
+        try:
+            if kind == "input_text.delta" and isinstance(event.get("delta"), str):
+                generation.feed(event["delta"])
+            elif kind == "input_text.done":
+                generation.finish()
+                return
+            else:
+                raise VibeVoiceError("messages must be JSON {\"type\": \"input_text.delta\", \"delta\": TEXT} or "
+                                     "{\"type\": \"input_text.done\"}")
+        except VibeVoiceError as e:
+            await _socket_error(websocket, ApiError(400, str(e)))
+            generation.close()
+            return
+
+
+async def _socket_error(websocket: WebSocket, error: ApiError) -> None:
+    try:
+        await websocket.send_json({"type": "error", **error.body()})
+        await websocket.close(code=1008 if error.status < 500 else 1011)
+    except (RuntimeError, WebSocketDisconnect):  # already closed
+        pass
+
+
+# ---- uploads: transcriptions and voices ----
+
+async def _form(request: Request, state: _State, max_files: int = 1):
+    """The multipart form, its size bounded while it arrives (not only by Content-Length) and its time too."""
+    limit = int(state.settings.max_upload_mb * 2**20) + FORM_OVERHEAD
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "send the upload as multipart/form-data (a 'file' field and the other fields)",
+                       code="invalid_content_type")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the upload is larger than the limit of {state.settings.max_upload_mb:g} MB", code="too_large")
+    parser = MultiPartParser(request.headers, bounded(request.stream(), limit), max_files=max_files, max_fields=64)
+    try:
+        return await with_timeout(parser.parse(), state.settings.body_timeout)
+    except MultiPartException as e:
+        raise ApiError(400, f"the multipart form is malformed ({e.message})", code="invalid_form") from None
+    except ClientDisconnect:
+        raise ApiError(400, "the upload ended before it was complete", code="incomplete_body") from None
+
+
+async def _spooled(form, name: str, state: _State):
+    """The upload in `name` decoded to samples; the temporary copy (decoders want a seekable file) is removed."""
+    upload = form.get(name)
+    if not isinstance(upload, UploadFile):
+        raise ApiError(400, f"'{name}' is required: the audio file, as a multipart file field", param=name,
+                       code="missing_field")
+    suffix = Path(upload.filename or "").suffix[:16]
+    handle, path = tempfile.mkstemp(prefix="vibevoice-upload-", suffix=suffix)
+
+    def decode():
+        with os.fdopen(handle, "wb") as out:
+            upload.file.seek(0)
+            shutil.copyfileobj(upload.file, out)
+        return asr_route.load_upload(path)
+
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, decode)
+    finally:
+        os.unlink(path)
+
+
+async def _transcription(request: Request, state: _State):
+    started = time.perf_counter()
+    form = await _form(request, state)
+    try:
+        parsed = asr_route.parse_transcription(form, state.models)
+        request.state.model = parsed.model.id
+        samples, rate = await _spooled(form, "file", state)
+    finally:
+        await form.close()
+    request.state.audio_seconds = len(samples) / rate
+    admission = state.admit()
+    await admission.enter()
+    pump = Pump(asr_route.transcribe_job(parsed, samples, rate, parsed.stream), state.workers)
+    pump.finished.add_done_callback(lambda _: admission.leave())
+    if parsed.stream:
+        request.state.streamed = True
+        return StreamingResponse(_transcript_events(pump, parsed, started, len(samples) / rate),
+                                 media_type="text/event-stream")
+    async for _ in pump:  # heartbeats while it decodes: stop if the client has gone
+        if await request.is_disconnected():
+            pump.stop()
+            return Response(status_code=499)
+    body = asr_route.respond(pump.result, parsed)
+    if isinstance(body, str):
+        return PlainTextResponse(body, media_type="text/vtt" if parsed.response_format == "vtt" else "text/plain")
+    return JSONResponse(body)
+
+
+async def _transcript_events(pump: Pump, parsed, started: float, seconds: float):
+    status, note = 200, ""
+    try:
+        async for delta, segments in pump:
+            for index, segment in segments:
+                yield asr_route.sse("transcript.text.segment", id=index, start=segment.start, end=segment.end,
+                                    text=segment.text, speaker=segment.speaker)
+            if delta:
+                yield asr_route.sse("transcript.text.delta", delta=delta)
+        body = asr_route.respond(pump.result, parsed, "json")
+        yield asr_route.sse("transcript.text.done", **body)
+        yield b"data: [DONE]\n\n"
+    except asyncio.CancelledError:
+        status, note = 499, "client disconnected"
+        raise
+    except Exception as e:  # noqa: BLE001
+        status, note = 500, f"transcription failed: {e}"
+        log.exception("transcription failed")
+        yield f"data: {ApiError(500, str(e)).body()}\n\n".encode()
+    finally:
+        pump.stop()
+        log_request("POST", "/v1/audio/transcriptions", parsed.model.id, status, time.perf_counter() - started,
+                    seconds, note)
+
+
+async def _add_voice(request: Request, state: _State):
+    """OpenAI's custom-voice route on a 1.5B bundle: `name` and `audio_sample`, stored as `voices import` does."""
+    from ..runtime.voice_store import import_voice
+
+    form = await _form(request, state)
+    try:
+        name = form.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ApiError(400, "'name' is required: the new voice's name", param="name", code="missing_field")
+        model_name = form.get("model")
+        candidates = [m for m in state.models.by_id.values() if m.kind == "1.5b"]
+        model = _tts_model(state.models, model_name) if isinstance(model_name, str) and model_name else (
+            candidates[0] if candidates else None)
+        if model is None or model.kind != "1.5b":
+            raise ApiError(400, "voices are added to VibeVoice-1.5B models only (a realtime voice is a cached prompt "
+                           "made by upstream's tools: import presets with `vibevoice-onnx voices import`)", param="model")
+        try:
+            voice_path(model.bundle.path, name.strip())
+        except VibeVoiceError as e:
+            raise ApiError(400, str(e), param="name", code="invalid_value") from None
+        if name.strip() in model.voices():
+            raise ApiError(400, f"model '{model.id}' already has a voice '{name.strip()}'", param="name",
+                           code="voice_exists")
+        samples, rate = await _spooled(form, "audio_sample", state)
+    finally:
+        await form.close()
+
+    def store():
+        import soundfile as sf
+
+        with tempfile.TemporaryDirectory(prefix="vibevoice-voice-") as folder:
+            sample = Path(folder) / "audio_sample.wav"
+            sf.write(str(sample), samples, rate, subtype="FLOAT")
+            return import_voice(model.bundle.path, sample, name.strip())
+
+    try:
+        voice, summary = await asyncio.get_running_loop().run_in_executor(None, store)
+    except VibeVoiceError as e:
+        raise ApiError(400, str(e), param="audio_sample") from None
+    request.state.model, request.state.audio_seconds = model.id, summary["seconds"]
+    return {"id": voice, "name": voice, "object": "audio.voice", "model": model.id, "seconds": summary["seconds"],
+            "sample_rate": SAMPLE_RATE}

@@ -1,0 +1,133 @@
+"""What every route shares: OpenAI's error body, admission (a bounded queue before a bounded number of
+generations), bodies read with a size limit and a timeout, and generation run off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Callable
+
+from fastapi.responses import JSONResponse
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+               408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+               429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    """An answer other than success, as OpenAI's API gives it: `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class Admission:
+    """At most `active` generations at once; up to `queue` more requests wait for one; beyond, a 429 with
+    Retry-After (which OpenAI's client honours when it retries)."""
+
+    def __init__(self, active: int, queue: int):
+        self.active, self.queue = active, queue
+        self.free = asyncio.Semaphore(active)
+        self.waiting = 0
+
+    async def enter(self) -> None:
+        if self.free.locked() and self.waiting >= self.queue:
+            raise ApiError(429, f"the server is busy ({self.active} generations running, {self.waiting} waiting); "
+                           "retry shortly", code="server_busy", headers={"Retry-After": "1"})
+        self.waiting += 1
+        try:
+            await self.free.acquire()
+        finally:
+            self.waiting -= 1
+
+    def leave(self) -> None:
+        self.free.release()
+
+
+async def read_body(request, limit: int, timeout: float) -> bytes:
+    """The whole body, refused with a 413 past `limit` bytes and a 408 if it has not arrived in `timeout` s."""
+    return await with_timeout(_collect(bounded(request.stream(), limit)), timeout)
+
+
+async def with_timeout(awaitable, timeout: float):
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+
+
+async def bounded(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    size = 0
+    async for chunk in stream:
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request is larger than the limit of {limit / 2**20:g} MB", code="too_large")
+        yield chunk
+
+
+async def _collect(stream: AsyncIterator[bytes]) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+class Stopped(Exception):
+    """The consumer went away: the worker stops at its next item."""
+
+
+_ITEM, _DONE, _FAILED = range(3)
+
+
+class Pump:
+    """Runs `job(emit)` in a worker thread; what it emits reaches the event loop as it comes (`async for`),
+    and what it returns is `result` afterwards. `stop()` makes the next `emit` raise, so a generation stops
+    at its next frame; `on_stop` wakes a job that waits for something else (streamed text)."""
+
+    def __init__(self, job: Callable[[Callable[[Any], None]], Any], executor, on_stop: Callable[[], None] | None = None):
+        loop = asyncio.get_running_loop()
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.stopped, self.result, self._on_stop = threading.Event(), None, on_stop
+
+        def put(kind, value):
+            try:
+                loop.call_soon_threadsafe(self.items.put_nowait, (kind, value))
+            except RuntimeError:  # the event loop is gone (the server is shutting down)
+                self.stopped.set()
+
+        def emit(item):
+            if self.stopped.is_set():
+                raise Stopped()
+            put(_ITEM, item)
+
+        def work():
+            try:
+                put(_DONE, job(emit))
+            except Stopped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - handed to the event loop, which answers for it
+                put(_FAILED, e)
+
+        self.finished = loop.run_in_executor(executor, work)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self._on_stop is not None:
+            self._on_stop()
+
+    async def __aiter__(self):
+        while True:
+            kind, value = await self.items.get()
+            if kind == _ITEM:
+                yield value
+            elif kind == _DONE:
+                self.result = value
+                return
+            else:
+                raise value

@@ -1,0 +1,124 @@
+"""The bundles a server serves: each opened once per process under a stable id, OpenAI's model and voice
+names mapped onto them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import VibeVoiceError
+from ..runtime.asr import ASR_KINDS, Transcriber
+from ..runtime.bundle import Bundle
+from ..runtime.speech import TtsModel, open_tts
+
+TTS_KINDS = ("realtime", "1.5b")
+# OpenAI's model names go to the first bundle that does what they do, so unmodified clients work.
+OPENAI_MODELS = {"tts-1": "tts", "tts-1-hd": "tts", "gpt-4o-mini-tts": "tts",
+                 "whisper-1": "asr", "gpt-4o-transcribe": "asr", "gpt-4o-mini-transcribe": "asr"}
+# OpenAI's voice names, onto upstream's realtime presets (by the voice's register in OpenAI's own samples);
+# a name whose preset the bundle lacks goes to the bundle's first voice. `--voice-alias NAME=VOICE` overrides.
+OPENAI_VOICES = {
+    "alloy": "en-Emma_woman", "ash": "en-Davis_man", "ballad": "en-Frank_man", "coral": "en-Grace_woman",
+    "echo": "en-Mike_man", "fable": "en-Carter_man", "onyx": "en-Frank_man", "nova": "en-Emma_woman",
+    "sage": "en-Grace_woman", "shimmer": "en-Emma_woman", "verse": "en-Carter_man", "marin": "en-Grace_woman",
+    "cedar": "en-Davis_man",
+}
+
+
+@dataclass
+class ServedModel:
+    id: str
+    bundle: Bundle
+    runner: TtsModel | Transcriber  # sessions loaded once; onnxruntime runs them from several threads at once
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.bundle.kind
+
+    @property
+    def task(self) -> str:
+        return "tts" if self.kind in TTS_KINDS else "asr"
+
+    def voices(self) -> list[str]:
+        return self.bundle.voices() if self.task == "tts" else []
+
+    def resolve_voice(self, name: str) -> str:
+        """A bundle voice by its name, or an OpenAI voice name by its alias; anything else is refused (a
+        voice here is never a path: 1.5B's API would read one)."""
+        voices = self.voices()
+        if name in voices:
+            return name
+        if name in self.aliases or name in OPENAI_VOICES:
+            target = self.aliases.get(name) or OPENAI_VOICES[name]
+            if target in voices:
+                return target
+            if name not in self.aliases and voices:
+                return voices[0]
+        listed = ", ".join(voices) or "none; import one with `vibevoice-onnx voices import`"
+        raise VibeVoiceError(f"model '{self.id}' has no voice '{name}' (voices: {listed})")
+
+    def describe(self) -> dict:
+        return {"id": self.id, "object": "model", "created": int(self.bundle.path.stat().st_mtime),
+                "owned_by": "vibevoice-onnx", "kind": self.kind, "precision": self.bundle.manifest["precision"],
+                "device": self.bundle.manifest["device"], "task": "speech" if self.task == "tts" else "transcription"}
+
+
+class Models:
+    """Every served model by id, and OpenAI's names resolved to the first model of their task."""
+
+    def __init__(self, models: list[ServedModel]):
+        if not models:
+            raise VibeVoiceError("give at least one bundle to serve")
+        self.by_id = {m.id: m for m in models}
+
+    @classmethod
+    def open(cls, paths: list[Path], threads: int | None = None, force: bool = False,
+             aliases: dict[str, str] | None = None) -> "Models":
+        models, ids = [], set()
+        for path in paths:
+            bundle = Bundle(Path(path), threads=threads)
+            if bundle.kind in TTS_KINDS:
+                runner = open_tts(bundle.path, threads=threads, force=force)
+            elif bundle.kind in ASR_KINDS:
+                runner = Transcriber(bundle, force=force)
+            else:
+                raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
+            model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)
+            ids.add(model_id)
+            models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {})))
+        for name, voice in (aliases or {}).items():
+            if not any(voice in m.voices() for m in models):
+                raise VibeVoiceError(f"--voice-alias {name}={voice}: no served bundle has a voice '{voice}'")
+        return cls(models)
+
+    def get(self, name: str, task: str) -> ServedModel:
+        model = self.by_id.get(name)
+        if model is None and OPENAI_MODELS.get(name) == task:
+            model = next((m for m in self.by_id.values() if m.task == task), None)
+        if model is None:
+            served = ", ".join(m.id for m in self.by_id.values() if m.task == task) or "none"
+            what = "speech" if task == "tts" else "transcription"
+            raise VibeVoiceError(f"no {what} model '{name}' here (served: {served}; OpenAI's names "
+                                 f"{', '.join(k for k, v in OPENAI_MODELS.items() if v == task)} go to the first)")
+        if model.task != task:
+            raise VibeVoiceError(f"model '{name}' is a {model.kind} model: it does not do "
+                                 f"{'speech' if task == 'tts' else 'transcription'}")
+        return model
+
+
+def unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}-{n}", n + 1
+    return candidate
+
+
+def parse_aliases(values: list[str]) -> dict[str, str]:
+    aliases = {}
+    for value in values:
+        name, sep, voice = value.partition("=")
+        if not sep or not name.strip() or not voice.strip():
+            raise VibeVoiceError(f"--voice-alias {value}: give it as NAME=VOICE (alloy=en-Davis_man)")
+        aliases[name.strip()] = voice.strip()
+    return aliases

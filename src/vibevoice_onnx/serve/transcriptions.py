@@ -1,0 +1,177 @@
+"""`POST /v1/audio/transcriptions` on ASR bundles: the multipart form as OpenAI's client (and LiteLLM) send
+it, the upload decoded whatever its format, and the transcript in OpenAI's shapes or streamed as SSE."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import VibeVoiceError
+from ..runtime.asr import MAX_NEW_TOKENS, Transcript
+from ..transcription import Segment, parse_transcript, render
+from .codec import decode_upload
+from .fields import option, take
+from .http import ApiError
+from .models import Models, ServedModel
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+# The form fields read here; others (OpenAI's `include[]`, `chunking_strategy`...) are ignored, as by OpenAI.
+TEXT_FIELDS = ("model", "response_format", "prompt", "language", "temperature", "stream", "seed", "mean_latents",
+               "max_new_tokens")
+NOT_A_TRANSCRIPT = "the model's output is not a JSON transcript"
+
+
+@dataclass
+class TranscriptionRequest:
+    model: ServedModel
+    response_format: str
+    prompt: str | None
+    language: str | None
+    stream: bool
+    options: dict  # seed, mean_latents, max_new_tokens
+
+
+def granularities(form) -> list[str]:
+    """`timestamp_granularities` as `key[]=v` repeated (OpenAI's client), the bare key (LiteLLM), or both."""
+    values = [*form.getlist("timestamp_granularities[]"), *form.getlist("timestamp_granularities")]
+    return [v.strip() for value in values for v in str(value).split(",") if v.strip()]
+
+
+def parse_transcription(form, models: Models) -> TranscriptionRequest:
+    fields = {key: form.get(key) for key in form.keys() if key in TEXT_FIELDS}
+    for key, value in fields.items():
+        if not isinstance(value, str):
+            raise ApiError(422, f"'{key}' must be a text field, not a file", param=key, code="invalid_type")
+    try:
+        model = models.get(take(fields, "model", str, required=True), "asr")
+    except VibeVoiceError as e:
+        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+    fmt = take(fields, "response_format", str, default="json", choices=RESPONSE_FORMATS)
+    for granularity in granularities(form):
+        if granularity == "word":
+            raise ApiError(400, "word timestamps are not available: VibeVoice-ASR writes timestamps per segment "
+                           "only; ask for 'segment'", param="timestamp_granularities", code="unsupported_value")
+        if granularity != "segment":
+            raise ApiError(400, f"timestamp_granularities must be 'segment', got '{granularity}'",
+                           param="timestamp_granularities", code="invalid_value")
+    temperature = take(fields, "temperature", float, default=0.0)
+    if not 0.0 <= temperature <= 1.0:
+        raise ApiError(400, f"'temperature' must be from 0 to 1, got {temperature:g} (decoding is greedy whatever "
+                       "it is)", param="temperature", code="invalid_value")
+    options = {"seed": option(fields, "seed"), "mean_latents": take(fields, "mean_latents", bool, default=False),
+               "max_new_tokens": option(fields, "max_new_tokens", MAX_NEW_TOKENS)}
+    return TranscriptionRequest(model, fmt, take(fields, "prompt", str), take(fields, "language", str),
+                                take(fields, "stream", bool, default=False), options)
+
+
+def load_upload(path: str) -> tuple[np.ndarray, int]:
+    """The upload's samples, or a 400 with one sentence: empty, undecodable or silent."""
+    try:
+        samples, rate = decode_upload(path)
+    except ValueError as e:
+        raise ApiError(400, f"the uploaded file is not audio this server can decode ({e})", param="file",
+                       code="invalid_file") from None
+    if samples.size == 0:
+        raise ApiError(400, "the uploaded file holds no audio (zero samples)", param="file", code="empty_file")
+    if not np.isfinite(samples).all():
+        raise ApiError(400, "the uploaded file holds NaN or infinite samples", param="file", code="invalid_file")
+    if not np.any(samples):
+        raise ApiError(400, "the uploaded audio is silent, so there is nothing to transcribe", param="file",
+                       code="silent_file")
+    return samples, rate
+
+
+class SegmentStream:
+    """The transcript text as it becomes known while tokens decode: a segment's text once the segment is
+    complete in the model's JSON. `finish` gives what is left (all of it when the output holds no transcript),
+    so the deltas always add up to the final `text`."""
+
+    def __init__(self):
+        self.sent, self.count = "", 0
+
+    def update(self, decoded: str, final: bool = False) -> tuple[str, list[tuple[int, Segment]]]:
+        """The new text and the newly complete segments, with their ids. parse_transcript keeps only complete JSON objects
+        of an array still being written, so a segment it gives never changes afterwards."""
+        try:
+            segments, _ = parse_transcript(decoded)
+        except VibeVoiceError:
+            segments = []
+        new = list(enumerate(segments[self.count:], start=self.count))
+        self.count += len(new)
+        text = transcript_text(segments, decoded) if final else join(segments)
+        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        self.sent += delta
+        return delta, new
+
+
+def join(segments: list[Segment]) -> str:
+    return " ".join(s.text for s in segments if s.text)
+
+
+def transcript_text(segments: list[Segment], decoded: str) -> str:
+    return join(segments) if segments else decoded.strip()
+
+
+def respond(transcript: Transcript, request: TranscriptionRequest, fmt: str | None = None):
+    """The transcript in the asked shape (or `fmt`): a dict (JSON) or a string (text, srt, vtt)."""
+    fmt = fmt or request.response_format
+    text = transcript_text(transcript.segments, transcript.text)
+    warning = _warning(transcript)
+    if fmt in ("srt", "vtt"):
+        return render(fmt, transcript.segments, transcript.text, transcript.raw)
+    if fmt == "text":
+        return text + "\n"
+    body = {"text": text, "usage": {"type": "duration", "seconds": math.ceil(transcript.audio_seconds)}}
+    if fmt == "verbose_json":
+        body = {"task": "transcribe", "language": request.language or "unknown",
+                "duration": round(transcript.audio_seconds, 3), "text": text,
+                "segments": [_segment(i, s) for i, s in enumerate(transcript.segments)], "raw_text": transcript.raw,
+                "usage": body["usage"]}
+    if warning:
+        body["warning"] = warning
+    return body
+
+
+def _warning(transcript: Transcript) -> str | None:
+    if not transcript.segments:
+        return f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no segments"
+    return transcript.note
+
+
+def _segment(index: int, segment: Segment) -> dict:
+    fields = asdict(segment)
+    start = fields["start"] or 0.0
+    return {"id": index, "seek": 0, "start": start, "end": fields["end"] if fields["end"] is not None else start,
+            "text": fields["text"], "tokens": [], "temperature": 0.0, "speaker": fields["speaker"]}
+
+
+def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int, stream: bool):
+    """The worker's job: transcribe; with `stream`, emit (delta, new segments) while tokens decode."""
+    model = request.model
+    decode = model.runner.tokenizer.decode
+    segments = SegmentStream()
+
+    def job(emit):
+        def on_token(tokens):
+            if not stream:  # a heartbeat, so the route can notice a client that left and stop the decoding
+                if len(tokens) % 8 == 0:
+                    emit(None)
+                return
+            delta, new = segments.update(decode(tokens, skip_special_tokens=True))
+            if delta or new:
+                emit((delta, new))
+
+        transcript = model.runner.transcribe(samples, sample_rate=rate, hotwords=request.prompt, on_token=on_token,
+                                             **request.options)
+        if stream:
+            emit(segments.update(transcript.text, final=True))
+        return transcript
+
+    return job
+
+
+def sse(kind: str, **fields) -> bytes:
+    return f"data: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n".encode()

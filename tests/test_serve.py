@@ -1,0 +1,378 @@
+"""The server in process: every route, every error case, each answered with OpenAI's error body and never a
+traceback; speech and transcripts equal to what the runtime gives for the same seed."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("av")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from vibevoice_onnx.serve import Models, Settings, create_app  # noqa: E402
+
+from conftest import write_voice_sample  # noqa: E402
+
+TEXT = "Serving speech the way OpenAI's clients expect it."
+
+
+@pytest.fixture(scope="module")
+def asr_bundle(tiny_checkpoints, tmp_path_factory):
+    from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
+    from vibevoice_onnx.export.build import build_bundle
+
+    root = tmp_path_factory.mktemp("serve-asr")
+    build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
+    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_bundle, tiny_15b_bundle, asr_bundle, tmp_path_factory):
+    """Copies: the voices route writes into the 1.5B bundle."""
+    root = tmp_path_factory.mktemp("served")
+    return [shutil.copytree(b, root / name) for b, name in
+            ((tiny_bundle, "cpu_fp32"), (tiny_15b_bundle, "cpu_fp32_15b"), (asr_bundle, "cpu_fp32_asr"))]
+
+
+@pytest.fixture(scope="module")
+def models(bundles):
+    return Models.open(bundles, aliases={"alloy": "synthetic"})
+
+
+@pytest.fixture(scope="module")
+def client(models):
+    with TestClient(create_app(models, Settings(max_upload_mb=1.0, body_timeout=2.0))) as c:
+        yield c
+
+
+def ids(models):
+    by_kind = {m.kind: m.id for m in models.by_id.values()}
+    return by_kind["realtime"], by_kind["1.5b"], by_kind["asr"]
+
+
+def error_of(response, status: int, param=None) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == param
+    return body["error"]["message"]
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return np.round(np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 24000) -> bytes:
+    import soundfile as sf
+
+    out = io.BytesIO()
+    sf.write(out, samples, rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+def speech_like(seconds: float = 1.5, rate: int = 24000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2).astype(np.float32)
+
+
+# ---- models, voices, health, auth ----
+
+def test_models_list_every_bundle_with_kind_and_precision(client, models):
+    data = client.get("/v1/models").json()["data"]
+    assert {(m["kind"], m["precision"]) for m in data} == {("realtime", "fp32"), ("1.5b", "fp32"), ("asr", "fp32")}
+    assert all(m["object"] == "model" for m in data)
+    realtime = ids(models)[0]
+    assert client.get(f"/v1/models/{realtime}").json()["id"] == realtime
+    error_of(client.get("/v1/models/nope"), 404, "model")
+
+
+def test_openai_names_go_to_the_first_model_of_their_task(models):
+    realtime, _, asr = ids(models)
+    assert models.get("tts-1", "tts").id == realtime and models.get("gpt-4o-mini-tts", "tts").id == realtime
+    assert models.get("whisper-1", "asr").id == asr
+    with pytest.raises(Exception, match="does not do transcription"):
+        models.get(realtime, "asr")
+
+
+def test_voices_list_has_the_clients_shape(client, models):
+    voices = client.get("/v1/audio/voices").json()["voices"]
+    assert {"id": "synthetic", "name": "synthetic", "model": ids(models)[0]} in voices
+    assert {"id": "alice", "name": "alice", "model": ids(models)[1]} in voices
+    assert [v["id"] for v in client.get("/v1/audio/voices", params={"model": ids(models)[1]}).json()["voices"]] == ["alice"]
+
+
+def test_health_is_open_and_everything_else_needs_the_key(models):
+    with TestClient(create_app(models, Settings(api_key="s3cret"))) as c:
+        assert c.get("/health").status_code == 200
+        assert "API key" in error_of(c.get("/v1/models"), 401)
+        assert c.post("/v1/audio/speech", json={"model": "tts-1", "input": "hi"}).status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_unknown_routes_and_methods_get_the_error_body(client):
+    error_of(client.get("/v1/nothing"), 404)
+    error_of(client.get("/v1/audio/speech"), 405)
+
+
+# ---- speech ----
+
+def test_speech_pcm_equals_the_runtime_for_the_same_seed(client, models):
+    realtime = models.by_id[ids(models)[0]]
+    audio, _ = realtime.runner.create(TEXT, "synthetic", seed=5, max_frames=12)
+    response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT, "voice": "alloy",
+                                                     "response_format": "pcm", "seed": 5, "max_frames": 12})
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/pcm"
+    assert response.headers["x-vibevoice-seed"] == "5"
+    assert response.content == pcm16(audio)
+
+
+def test_speech_sse_events_carry_the_same_audio(client, models):
+    realtime = models.by_id[ids(models)[0]]
+    audio, _ = realtime.runner.create(TEXT, "synthetic", seed=6, max_frames=9)
+    response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT, "voice": "synthetic", "seed": 6,
+                                                     "max_frames": 9, "response_format": "pcm", "stream_format": "sse"})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    import base64
+
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"} and events[-1]["type"] == "speech.audio.done"
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == pcm16(audio)
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == 9 and usage["total_tokens"] == usage["input_tokens"] + 9 > 9
+
+
+def test_speech_takes_a_15b_script_with_a_voice_per_speaker(client, models):
+    runner = models.by_id[ids(models)[1]].runner
+    script = "Speaker 1: Hello there.\nSpeaker 2: Hi!"
+    audio, _ = runner.create(script, {1: "alice", 2: "alice"}, seed=3, max_frames=5)
+    response = client.post("/v1/audio/speech", json={"model": ids(models)[1], "input": script, "voice": "alice,alice",
+                                                     "seed": 3, "max_frames": 5, "response_format": "pcm"})
+    assert response.content == pcm16(audio)
+    message = error_of(client.post("/v1/audio/speech", json={"model": ids(models)[1], "input": script,
+                                                             "voice": "alice"}), 400, "voice")
+    assert "2 speakers" in message
+
+
+def test_realtime_dialogue_through_the_server(client, models):
+    runner = models.by_id[ids(models)[0]].runner
+    script = "Speaker 1: Hello there.\nSpeaker 2: Hi!"
+    dialogue = runner.dialogue(script, {1: "synthetic", 2: "synthetic"}, seed=8, max_frames=4, turn_gap=0.1)
+    expected = np.concatenate([c.samples for c in dialogue])
+    response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": script, "voice": "synthetic,alloy",
+                                                     "seed": 8, "max_frames": 4, "turn_gap": 0.1,
+                                                     "response_format": "pcm"})
+    assert response.content == pcm16(expected)
+
+
+BAD_SPEECH = [  # (body change, status, param, words in the message)
+    ({"model": None}, 400, "model", "required"),
+    ({"model": "no-such-model"}, 404, "model", "no speech model"),
+    ({"model": "whisper-1"}, 404, "model", "no speech model"),
+    ({"input": None}, 400, "input", "required"),
+    ({"input": "   "}, 400, "input", "empty"),
+    ({"input": "x" * 5000}, 400, "input", "limit of 4096"),
+    ({"input": 42}, 422, "input", "must be a string"),
+    ({"voice": "nobody"}, 400, "voice", "no voice 'nobody'"),
+    ({"voice": "../../etc/passwd"}, 400, "voice", "no voice"),
+    ({"voice": ["synthetic"]}, 422, "voice", "string or an object"),
+    ({"voice": "synthetic,synthetic"}, 400, "voice", "no 'Speaker N:' lines"),
+    ({"response_format": "ogg"}, 400, "response_format", "one of mp3"),
+    ({"stream_format": "chunks"}, 400, "stream_format", "audio, sse"),
+    ({"speed": 2.0}, 400, "speed", "not supported"),
+    ({"speed": 9}, 400, "speed", "0.25 to 4.0"),
+    ({"speed": "fast"}, 422, "speed", "must be a number"),
+    ({"instructions": "y" * 5000}, 400, "instructions", "limit of 4096"),
+    ({"seed": -1}, 400, "seed", "seed must be"),
+    ({"seed": "seven"}, 422, "seed", "must be a number"),
+    ({"steps": 0}, 400, "steps", "steps must be"),
+    ({"cfg_scale": 1e9}, 400, "cfg_scale", "cfg_scale must be"),
+    ({"max_frames": 2.5}, 400, "max_frames", "whole number"),
+    ({"max_frames": True}, 422, "max_frames", "must be a number"),
+]
+
+
+@pytest.mark.parametrize("change,status,param,words", BAD_SPEECH)
+def test_bad_speech_fields_are_refused_before_any_audio(client, change, status, param, words):
+    body = {"model": "tts-1", "input": TEXT, "voice": "synthetic", **change}
+    assert words in error_of(client.post("/v1/audio/speech", json={k: v for k, v in body.items() if v is not None}),
+                             status, param)
+
+
+@pytest.mark.parametrize("raw,status,words", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"\xff\xfe\x00", 400, "not valid JSON"),
+    (b'{"model": "tts-1", "input": "' + b"a" * 200_000 + b'"}', 413, "larger than"),
+])
+def test_garbage_bodies_get_a_sentence(client, raw, status, words):
+    response = client.post("/v1/audio/speech", content=raw, headers={"content-type": "application/json"})
+    assert words in error_of(response, status)
+
+
+def test_server_survives_every_bad_request(client):
+    for change, *_ in BAD_SPEECH:
+        client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT, **change})
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT, "max_frames": 2,
+                                                 "response_format": "wav"}).status_code == 200
+
+
+# ---- transcriptions ----
+
+def transcribe(client, data=None, files=None, **fields):
+    files = files if files is not None else {"file": ("speech.wav", wav_bytes(speech_like()), "audio/wav")}
+    return client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "max_new_tokens": "6",
+                                                         "mean_latents": "true", **fields, **(data or {})}, files=files)
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "text", "json", "verbose_json"])
+def test_transcription_formats_match_the_runtime(client, models, fmt):
+    from vibevoice_onnx.transcription import render
+
+    runner = models.by_id[ids(models)[2]].runner
+    expected = runner.transcribe(speech_like(), sample_rate=24000, max_new_tokens=6, mean_latents=True)
+    response = transcribe(client, response_format=fmt)
+    assert response.status_code == 200, response.text
+    if fmt in ("srt", "vtt"):
+        assert response.text == render(fmt, expected.segments, expected.text, expected.raw)
+    elif fmt == "text":
+        assert response.text == expected.text.strip() + "\n"
+    else:
+        body = response.json()
+        assert body["text"] == expected.text.strip() and "not a JSON transcript" in body["warning"]
+        if fmt == "verbose_json":
+            assert body["raw_text"] == render("raw", [], expected.text, expected.raw)
+            assert body["segments"] == [] and body["duration"] == 1.5 and body["language"] == "unknown"
+
+
+def test_transcription_stream_is_sse_ending_in_done(client, models):
+    runner = models.by_id[ids(models)[2]].runner
+    expected = runner.transcribe(speech_like(), sample_rate=24000, max_new_tokens=6, mean_latents=True)
+    response = transcribe(client, stream="true")
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    assert events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == expected.text.strip()
+    assert "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta") == expected.text.strip()
+
+
+@pytest.mark.parametrize("encoding", ["timestamp_granularities[]", "timestamp_granularities"])
+def test_word_timestamps_are_refused_with_the_reason(client, encoding):
+    message = error_of(transcribe(client, data={encoding: ["segment", "word"]}, response_format="verbose_json"),
+                       400, "timestamp_granularities")
+    assert "per segment" in message
+    assert transcribe(client, data={encoding: "segment"}).status_code == 200
+
+
+def test_uploads_in_other_formats_decode(client, tmp_path):
+    import av
+
+    path = tmp_path / "speech.m4a"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=24000, layout="mono")
+        samples = speech_like()
+        frame = av.AudioFrame.from_ndarray(samples[None], format="flt", layout="mono")
+        frame.rate = 24000
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    files = {"file": ("speech.m4a", path.read_bytes(), "audio/mp4")}
+    body = transcribe(client, files=files, response_format="verbose_json").json()
+    assert abs(body["duration"] - 1.5) < 0.1
+
+
+def test_bad_uploads_get_a_sentence(client):
+    silent = wav_bytes(np.zeros(24000, np.float32))
+    cases = [
+        ({"file": ("empty.wav", b"", "audio/wav")}, 400, "file"),
+        ({"file": ("junk.wav", b"RIFF\x00\x01garbage" * 50, "audio/wav")}, 400, "file"),
+        ({"file": ("silent.wav", silent, "audio/wav")}, 400, "file"),
+        ({"file": ("big.wav", b"\x00" * (2 << 20), "audio/wav")}, 413, None),
+        ({"other": ("x.wav", wav_bytes(speech_like()), "audio/wav")}, 400, "file"),
+    ]
+    for files, status, param in cases:
+        error_of(transcribe(client, files=files), status, param)
+    error_of(client.post("/v1/audio/transcriptions", json={"model": "whisper-1"}), 400)
+    error_of(transcribe(client, model="tts-1"), 404, "model")
+    error_of(transcribe(client, response_format="tsv"), 400, "response_format")
+    error_of(transcribe(client, max_new_tokens="many"), 422, "max_new_tokens")
+
+
+def test_a_truncated_multipart_body_is_a_400(client):
+    body = (b"--XYZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--XYZ\r\n"
+            b"Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF")
+    response = client.post("/v1/audio/transcriptions", content=body,
+                           headers={"content-type": "multipart/form-data; boundary=XYZ"})
+    assert response.status_code == 400, response.text
+
+
+# ---- custom voices ----
+
+def test_posting_a_voice_adds_it_to_the_15b_model(client, models, tmp_path):
+    sample = write_voice_sample(tmp_path / "bob.flac").read_bytes()
+    response = client.post("/v1/audio/voices", data={"name": "bob", "consent": "yes"},
+                           files={"audio_sample": ("bob.flac", sample, "audio/flac")})
+    assert response.status_code == 200, response.text
+    assert response.json()["id"] == "bob" and abs(response.json()["seconds"] - 2.5) < 0.01
+    assert "bob" in models.by_id[ids(models)[1]].voices()
+    error_of(client.post("/v1/audio/voices", data={"name": "bob"}, files={"audio_sample": ("b.flac", sample)}), 400, "name")
+    error_of(client.post("/v1/audio/voices", data={"name": "x", "model": "tts-1"},
+                         files={"audio_sample": ("b.flac", sample)}), 400, "model")
+    error_of(client.post("/v1/audio/voices", data={"name": "bad/name"}, files={"audio_sample": ("b.flac", sample)}),
+             400, "name")
+
+
+# ---- the transcript as it becomes known ----
+
+def test_segment_stream_sends_each_segment_once_and_adds_up_to_the_text():
+    from vibevoice_onnx.serve.transcriptions import SegmentStream, transcript_text
+    from vibevoice_onnx.transcription import parse_transcript
+
+    output = ('[{"Start time": 0.0, "End time": 1.5, "Speaker ID": 0, "Content": "Hello there."}, '
+              '{"Start time": 1.5, "End time": 3.0, "Speaker ID": 1, "Content": "Hi, how are you?"}]')
+    stream, deltas, segments = SegmentStream(), [], []
+    for end in range(1, len(output), 7):  # token-sized pieces
+        delta, new = stream.update(output[:end])
+        deltas.append(delta)
+        segments += new
+    delta, new = stream.update(output, final=True)
+    deltas.append(delta)
+    segments += new
+    parsed, _ = parse_transcript(output)
+    assert [index for index, _ in segments] == [0, 1] and [s for _, s in segments] == parsed
+    assert "".join(deltas) == transcript_text(parsed, output) == "Hello there. Hi, how are you?"
+    assert deltas.index("Hello there.") < len(deltas) - 1  # the first segment came before the end
+
+
+def test_a_parsed_transcript_gets_openai_shapes(models):
+    from vibevoice_onnx.runtime.asr import Transcript
+    from vibevoice_onnx.serve.transcriptions import TranscriptionRequest, respond
+    from vibevoice_onnx.transcription import parse_transcript
+
+    output = '[{"Start": 0.5, "End": 2.25, "Speaker": 0, "Content": "Good morning."}]'
+    segments, note = parse_transcript(output)
+    transcript = Transcript(segments, output, output + "<|im_end|>", [], note, 3.0)
+    request = TranscriptionRequest(models.by_id[ids(models)[2]], "verbose_json", None, "en", False, {})
+    body = respond(transcript, request)
+    assert body["text"] == "Good morning." and body["language"] == "en" and "warning" not in body
+    assert body["segments"] == [{"id": 0, "seek": 0, "start": 0.5, "end": 2.25, "text": "Good morning.", "tokens": [],
+                                 "temperature": 0.0, "speaker": 0}]
+    assert respond(transcript, request, "srt") == "1\n00:00:00,500 --> 00:00:02,250\nSpeaker 0: Good morning.\n"
+    assert respond(transcript, request, "text") == "Good morning.\n"
+
+
+@pytest.mark.parametrize("field,value,flag", [("max_active", 0, "--max-active"), ("max_queue", -1, "--max-queue"),
+                                              ("max_upload_mb", 0, "--max-upload-mb"), ("body_timeout", 0, "--body-timeout")])
+def test_limits_that_would_stall_the_server_are_refused(field, value, flag):
+    from vibevoice_onnx.errors import VibeVoiceError
+
+    with pytest.raises(VibeVoiceError, match=f"{flag} must be at least"):
+        Settings(**{field: value})

@@ -1,0 +1,154 @@
+"""serve.codec: one stream per response whatever the chunking, and uploads in any format PyAV or soundfile read."""
+
+import io
+import struct
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+
+from vibevoice_onnx.audio import to_pcm16  # noqa: E402
+from vibevoice_onnx.serve.codec import FORMATS, StreamEncoder, decode_upload  # noqa: E402
+
+RATE = 24000
+
+
+def tone(seconds: float = 2.0) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.4 * np.sin(2 * np.pi * 440 * t) * np.sin(2 * np.pi * 3 * t + 0.3)).astype(np.float32)
+
+
+def encoded(fmt: str, samples: np.ndarray, chunk: int = 3200) -> list[bytes]:
+    encoder = StreamEncoder(fmt)
+    return [encoder.encode(samples[i:i + chunk]) for i in range(0, len(samples), chunk)] + [encoder.finish()]
+
+
+def av_decoded(data: bytes) -> tuple[np.ndarray, int]:
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        assert len(container.streams.audio) == 1
+        stream = container.streams.audio[0]
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
+        frames = [f.to_ndarray().reshape(-1) for frame in container.decode(stream) for f in resampler.resample(frame)]
+        frames += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+        return np.concatenate(frames), stream.codec_context.sample_rate
+
+
+def test_pcm16_is_clipped_and_symmetric():
+    samples = np.array([0.0, 1.0, -1.0, 2.5, -2.5, 0.5, 1.5 / 32767, np.float32(0.49 / 32767)], np.float32)
+    assert to_pcm16(samples).tolist() == [0, 32767, -32767, 32767, -32767, 16384, 2, 0]
+    assert to_pcm16(samples).dtype == np.dtype("<i2")
+
+
+def test_pcm_is_the_samples_whatever_the_chunking():
+    samples = tone(0.5)
+    assert b"".join(encoded("pcm", samples, chunk=777)) == to_pcm16(samples).tobytes()
+
+
+def test_wav_streams_a_header_of_unknown_size_that_soundfile_reads():
+    import soundfile as sf
+
+    samples = tone(0.5)
+    parts = encoded("wav", samples, chunk=1000)
+    data = b"".join(parts)
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and data[36:40] == b"data"
+    assert struct.unpack("<I", data[4:8])[0] == 0xFFFFFFFF and struct.unpack("<I", data[40:44])[0] == 0xFFFFFFFF
+    assert struct.unpack("<HHIIHH", data[20:36]) == (1, 1, RATE, RATE * 2, 2, 16)
+    assert len(parts[0]) == 44 + 2000  # the header goes out with the first chunk, not held back
+    read, rate = sf.read(io.BytesIO(data), dtype="int16")
+    assert rate == RATE and np.array_equal(read, to_pcm16(samples))
+
+
+def test_an_empty_wav_stream_is_still_a_header():
+    assert len(StreamEncoder("wav").finish()) == 44
+
+
+def test_flac_is_lossless_and_whole_with_its_length_in_the_header():
+    import soundfile as sf
+
+    samples = tone(1.0)
+    parts = encoded("flac", samples, chunk=1234)
+    assert not any(parts[:-1])  # sent whole at the end, so that STREAMINFO holds the length
+    decoded, rate = av_decoded(parts[-1])
+    assert rate == RATE
+    assert np.array_equal(np.round(decoded * 32768).astype(np.int16), to_pcm16(samples))
+    info = sf.info(io.BytesIO(parts[-1]))
+    assert info.frames == len(samples)
+    read, _ = sf.read(io.BytesIO(parts[-1]), dtype="int16")
+    assert np.array_equal(read, to_pcm16(samples))
+
+
+@pytest.mark.parametrize("fmt,rate", [("mp3", 24000), ("opus", 48000), ("aac", 24000)])
+def test_lossy_streams_are_one_stream_with_the_whole_waveform(fmt, rate):
+    samples = tone(2.0)
+    parts = encoded(fmt, samples)
+    decoded, stream_rate = av_decoded(b"".join(parts))
+    assert stream_rate == rate
+    assert 0 <= len(decoded) - len(samples) < 0.1 * RATE  # the encoder's priming, never a lost tail
+    lag = int(np.argmax(np.correlate(decoded[:6000], samples[:4000], "valid")))
+    aligned = decoded[lag:lag + len(samples)]
+    assert len(aligned) == len(samples)
+    assert np.corrcoef(aligned, samples)[0, 1] > 0.99
+    last = slice(len(samples) - 2400, len(samples))  # the last 100 ms survive the flush
+    assert np.abs(aligned[last]).max() > 0.8 * np.abs(samples[last]).max()
+    # streamed: most of the bytes are out before finish(), and no chunk after the first few is held back
+    assert sum(map(len, parts[:-1])) > 0.8 * sum(map(len, parts))
+    assert all(len(p) > 0 for p in parts[2:-1])
+
+
+def test_mp3_has_no_xing_header():
+    data = b"".join(encoded("mp3", tone(0.5)))
+    assert b"Xing" not in data[:4096] and b"Info" not in data[:4096]
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="unknown audio format 'ogg'"):
+        StreamEncoder("ogg")
+    assert set(FORMATS) == {"mp3", "opus", "aac", "flac", "wav", "pcm"}
+
+
+def test_uploads_decode_from_soundfile_formats_as_transcribe_reads_them(tmp_path):
+    import soundfile as sf
+
+    stereo = np.stack([tone(0.5), -0.5 * tone(0.5)], axis=1)
+    path = tmp_path / "stereo.wav"
+    sf.write(path, stereo, 16000, subtype="FLOAT")
+    samples, rate = decode_upload(str(path))
+    assert rate == 16000
+    np.testing.assert_array_equal(samples, stereo.mean(axis=1, dtype=np.float32))
+
+
+def test_uploads_decode_m4a_through_pyav(tmp_path):
+    import av
+
+    samples = tone(1.0)
+    path = tmp_path / "speech.m4a"
+    with av.open(str(path), "w", format="ipod") as container:
+        stream = container.add_stream("aac", rate=RATE, layout="mono")
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = RATE
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    decoded, rate = decode_upload(str(path))
+    assert rate == RATE
+    assert abs(len(decoded) - len(samples)) < 0.1 * RATE
+    assert np.abs(decoded).max() > 0.3
+
+
+@pytest.mark.parametrize("content", [b"", b"this is not audio at all" * 100, b"RIFF\x00\x00\x00\x00WAVE"])
+def test_undecodable_uploads_are_a_value_error(tmp_path, content):
+    path = tmp_path / "upload.bin"
+    path.write_bytes(content)
+    with pytest.raises(ValueError):
+        decode_upload(str(path))
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+def test_lossy_bit_rates_keep_broadband_audio(fmt):
+    """Random-weight models speak noise: at LAME's default 32 kbit/s an mp3 of it correlates 0.7 with the input."""
+    noise = (np.random.default_rng(0).standard_normal(2 * RATE) * 0.1).astype(np.float32)
+    decoded, _ = av_decoded(b"".join(encoded(fmt, noise)))
+    lag = int(np.argmax(np.correlate(decoded[:6000], noise[:4000], "valid")))
+    assert np.corrcoef(decoded[lag:lag + len(noise)], noise)[0, 1] > 0.9
