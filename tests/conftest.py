@@ -93,6 +93,17 @@ def tiny_15b_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
     return bundle
 
 
+@pytest.fixture(scope="session")
+def tiny_asr_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+    """The tiny ASR checkpoint built into ROOT/onnx/asr/cpu_fp32, its tokenizer at ROOT/tokenizer.json. Read-only."""
+    from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
+    from vibevoice_onnx.export.build import build_bundle
+
+    root = tmp_path_factory.mktemp("asr-bundle")
+    build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
+    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+
+
 def write_voice_sample(path: Path, seconds: float = 2.5, rate: int = 16000, channels: int = 2, pitch: float = 180.0) -> Path:
     """A voice-like test signal (harmonics, vibrato, breath noise) in any format soundfile writes."""
     import numpy as np

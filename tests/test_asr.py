@@ -79,12 +79,13 @@ def test_audio_over_60_seconds_goes_in_upstreams_segments_and_equals_one_pass(ti
 
 
 @pytest.fixture(scope="module")
-def asr_bundle(tiny_checkpoints, tokenizer, tmp_path_factory):
-    from vibevoice_onnx.export.build import build_bundle
+def asr_bundle(tiny_asr_bundle, tmp_path_factory):
+    """A copy of the session's bundle with its tokenizer: these tests verify it and build siblings beside it."""
+    import shutil
 
-    root = tmp_path_factory.mktemp("asr-bundle")
-    tokenizer.save(str(root / "tokenizer.json"))
-    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+    root = tiny_asr_bundle.parents[2]
+    copy = shutil.copytree(root, tmp_path_factory.mktemp("asr-copy") / root.name)
+    return copy / tiny_asr_bundle.relative_to(root)
 
 
 def test_asr_bundle_passes_its_gates(asr_bundle, capsys):

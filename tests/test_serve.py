@@ -22,22 +22,14 @@ from conftest import write_voice_sample  # noqa: E402
 TEXT = "Serving speech the way OpenAI's clients expect it."
 
 
-@pytest.fixture(scope="module")
-def asr_bundle(tiny_checkpoints, tmp_path_factory):
-    from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
-    from vibevoice_onnx.export.build import build_bundle
-
-    root = tmp_path_factory.mktemp("serve-asr")
-    build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
-    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
 
 
 @pytest.fixture(scope="module")
-def bundles(tiny_bundle, tiny_15b_bundle, asr_bundle, tmp_path_factory):
+def bundles(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, tmp_path_factory):
     """Copies: the voices route writes into the 1.5B bundle."""
     root = tmp_path_factory.mktemp("served")
     return [shutil.copytree(b, root / name) for b, name in
-            ((tiny_bundle, "cpu_fp32"), (tiny_15b_bundle, "cpu_fp32_15b"), (asr_bundle, "cpu_fp32_asr"))]
+            ((tiny_bundle, "cpu_fp32"), (tiny_15b_bundle, "cpu_fp32_15b"), (tiny_asr_bundle, "cpu_fp32_asr"))]
 
 
 @pytest.fixture(scope="module")
