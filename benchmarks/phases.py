@@ -44,7 +44,7 @@ def prepare(kind: str, size: str, work: Path, checkpoint: Path, bundle: Path, vo
         results["verify"]["gates"] = {g["name"]: [g["cosine"], g["max_abs"], g["passed"]] for g in parity["gates"]}
 
 
-def parse_arguments(doc: str, workdir: str, frames: int, what: str) -> argparse.Namespace:
+def parse_arguments(doc: str, workdir: str, frames: int, what: str, precisions: tuple[str, ...] = ("fp32",)) -> argparse.Namespace:
     """The options every benchmark takes; WORKDIR is created."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "full"], default="full")
@@ -52,6 +52,9 @@ def parse_arguments(doc: str, workdir: str, frames: int, what: str) -> argparse.
     parser.add_argument("--frames", type=int, default=frames, help=f"{what} to generate (7.5 per second)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--speak-only", action="store_true", help="reuse WORKDIR's bundle: time speak phases only")
+    if len(precisions) > 1:
+        parser.add_argument("--precision", choices=precisions, default=precisions[0],
+                            help="the bundle to time (built from the fp32 one and verified, unless --speak-only)")
     args = parser.parse_args()
     args.workdir = Path(args.workdir)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -59,8 +62,11 @@ def parse_arguments(doc: str, workdir: str, frames: int, what: str) -> argparse.
 
 
 def save(results: dict, args: argparse.Namespace) -> int:
-    """Write the results (speak.json for --speak-only runs, else results.json) and print them."""
-    (args.workdir / ("speak.json" if args.speak_only else "results.json")).write_text(json.dumps(results, indent=2) + "\n")
+    """Write the results (speak.json for --speak-only runs, else results.json; speak-int8.json with --precision
+    int8) and print them."""
+    precision = getattr(args, "precision", "fp32")
+    name = ("speak" if args.speak_only else "results") + ("" if precision == "fp32" else f"-{precision}")
+    (args.workdir / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
 

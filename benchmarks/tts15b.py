@@ -1,7 +1,7 @@
 """VibeVoice-1.5B end to end on a synthetic checkpoint: build time and memory, gates, and `speak` of a
 two-speaker script against the PyTorch reference on the same weights, script, voices and noise.
 
-    .venv/bin/python benchmarks/tts15b.py --size full --workdir bench-out/15b
+    .venv/bin/python benchmarks/tts15b.py --size full --workdir bench-out/15b [--precision int8]
 
 Each phase runs in its own process so its peak memory (max RSS) is its own. Voices: the real speech
 fixture (44.1 kHz, resampled) and a generated sample. Results go to WORKDIR/results.json. Not part of CI.
@@ -55,10 +55,11 @@ print(json.dumps({"frames": result.frames, "audio_seconds": audio, "wall_seconds
 
 
 def main() -> int:
-    args = parse_arguments(__doc__, "bench-out/15b", 24, "latents")
+    args = parse_arguments(__doc__, "bench-out/15b", 24, "latents", ("fp32", "int8", "int4"))
     work = args.workdir
     checkpoint, bundle = work / "checkpoint", work / "onnx" / "1.5b" / "cpu_fp32"
-    results: dict = {"size": args.size, "frames": args.frames, "threads": args.threads, "script": SCRIPT}
+    results: dict = {"size": args.size, "frames": args.frames, "threads": args.threads, "script": SCRIPT,
+                     "precision": args.precision}
     sample = work / "generated-voice.wav"
     import numpy as np
     import soundfile as sf
@@ -67,6 +68,14 @@ def main() -> int:
     sf.write(str(sample), (0.2 * np.sin(2 * np.pi * 150 * t + 2 * np.sin(2 * np.pi * 4 * t))).astype(np.float32), 24000)
     if not args.speak_only:
         prepare("1.5b", args.size, work, checkpoint, bundle, (("speech", SPEECH), ("generated", sample)), results)
+    if args.precision != "fp32":  # built from the fp32 sibling, its voices carried over
+        bundle = bundle.with_name(f"cpu_{args.precision}")
+        if not args.speak_only:
+            run_phase(f"build_{args.precision}", [*CLI, "build", str(checkpoint), "-o", str(work / "onnx"), "--precision",
+                                                  args.precision], results, work)
+            proc = run_phase(f"verify_{args.precision}", [*CLI, "verify", str(bundle), "--json"], results, work)
+            if proc.returncode in (0, 1):
+                results[f"verify_{args.precision}"]["passed"] = json.loads(proc.stdout)["passed"]
     noise = work / "noise.npy"
     np.save(noise, np.stack([np.random.default_rng([42, i]).standard_normal(64, dtype=np.float32) for i in range(args.frames)]))
     speak = [*CLI, "speak", str(bundle), SCRIPT, "--speaker", "1=speech", "--speaker", "2=generated", "--noise", str(noise),

@@ -95,8 +95,8 @@ def test_a_checkpoint_without_tokenizer_needs_one(tiny_checkpoints, tmp_path):
 
 
 def test_unsupported_requests_are_refused(tiny_checkpoints, tmp_path):
-    with pytest.raises(VibeVoiceError, match="no int4 policy for 1.5b bundles yet"):
-        build_bundle(tiny_checkpoints["1.5b"], tmp_path, precision="int4")
+    with pytest.raises(VibeVoiceError, match="no int4-mixed policy for 1.5b bundles yet"):
+        build_bundle(tiny_checkpoints["1.5b"], tmp_path, precision="int4-mixed")
     with pytest.raises(VibeVoiceError, match="cpu_fp16 bundles are not built: fp16 is never faster"):
         build_bundle(tiny_checkpoints["realtime"], tmp_path, precision="fp16")
     with pytest.raises(VibeVoiceError, match="device 'tpu' is not supported"):

@@ -42,21 +42,28 @@ def graph_ops(path) -> set[str]:
     return {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4", "int4-mixed"])
-def test_variants_follow_their_policy_and_keep_the_feedback_path_fp32(variants, precision):
+def assert_follows_policy(variants, kind: str, precision: str) -> None:
+    """VARIANTS/cpu_PRECISION: built from the fp32 sibling's source, each graph the kind's policy names
+    quantized to its bits (and smaller), every other graph as exported, the sibling's voices carried over."""
     bundle = variants / f"cpu_{precision}"
     manifest = json.loads((bundle / "manifest.json").read_text())
     fp32 = json.loads((variants / "cpu_fp32" / "manifest.json").read_text())
     assert manifest["precision"] == precision and manifest["source"]["hash"] == fp32["source"]["hash"]
-    policy = POLICIES["realtime"][precision]
+    policy = POLICIES[kind][precision]
     for name, graph in manifest["graphs"].items():
         ops = graph_ops(bundle / graph["file"])
         if name in policy:
             assert graph["precision"]["bits"] == policy[name].bits and ops & QUANTIZED_OPS, name
             assert graph["precision"]["weight_bytes_after"] < 0.6 * graph["precision"]["weight_bytes_before"], name
-        else:  # the connector and the EOS classifier stay as exported
+        else:
             assert graph["precision"] == {"scheme": "fp32"} and not ops & QUANTIZED_OPS, name
     assert sorted(p.name for p in (bundle / "voices").iterdir()) == sorted(p.name for p in (variants / "cpu_fp32" / "voices").iterdir())
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4", "int4-mixed"])
+def test_variants_follow_their_policy_and_keep_the_feedback_path_fp32(variants, precision):
+    assert_follows_policy(variants, "realtime", precision)
+    assert not {"acoustic_connector", "eos_classifier"} & POLICIES["realtime"][precision].keys()
 
 
 def test_unverified_quantized_bundle_is_refused_until_verified(variants, tmp_path, capsys):

@@ -153,11 +153,20 @@ DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
 # path (only heard): in blocks of 32 its graph and forced audio gave 0.978 and 0.980 against 0.98, in blocks
 # of 16 0.984 and 0.985 (273 MB against 348 MB in dynamic int8; on these CPUs 1.6x slower than dynamic int8).
 DECODER_INT4 = {"acoustic_decoder_stream": Scheme(4, block_size=16)}
+ENCODERS_INT8 = {"semantic_encoder_stream": INT8_WIDE, "acoustic_encoder": INT8_WIDE}
 POLICIES = {
     "realtime": {
         "int8": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8},
         "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
         "int4-mixed": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT4},
+    },
+    # VibeVoice-1.5B: every latent reads the LM (both CFG streams in one call), the head, the decoder and the
+    # semantic encoder, whose features of the decoded audio feed back into the LM: it is on the feedback path,
+    # judged by the closed loops like the LM. The acoustic encoder runs once per voice, into the prompt. The
+    # connectors (small, on the feedback path) stay fp32 as realtime's does.
+    "1.5b": {
+        "int8": {"lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8, **ENCODERS_INT8},
+        "int4": {"lm": INT4, **HEAD_INT8, **DECODER_INT8, **ENCODERS_INT8},
     },
     # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32. int4-mixed
     # keeps the head and the LM's first and last 7 of 28 layers at 8 bits, measured on the full-size synthetic

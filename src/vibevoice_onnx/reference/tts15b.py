@@ -62,31 +62,39 @@ def load_tts15b(checkpoint: Path, compact: bool = False) -> Tts15bReference:
 
 class TorchGuidedLm:
     """Both CFG streams as upstream runs them: separate batch-1 forwards, the negative one restarted with a
-    fresh cache (upstream masks its old entries, which attends to the same nothing)."""
+    fresh cache (upstream masks its old entries, which attends to the same nothing). `new_cache` and
+    `forward` are all that is torch here: verify runs the same logic on a bundle's LM graph."""
 
     def __init__(self, lm):
         self.lm = lm
         self.restart_negative()
 
-    def _run(self, embeds: np.ndarray, cache: DynamicCache, start: int) -> np.ndarray:
+    def new_cache(self):
+        return DynamicCache()
+
+    def forward(self, embeds: np.ndarray, cache, start: int):
+        """The last position's hidden state, and the cache (grown in place here)."""
         positions = torch.arange(start, start + embeds.shape[1])[None]
         out = self.lm(inputs_embeds=as_tensor(embeds), position_ids=positions, past_key_values=cache, use_cache=True)
-        return out.last_hidden_state[:, -1].numpy()
+        return out.last_hidden_state[:, -1].numpy(), cache
 
     def prefill(self, embeds):
-        self.cache, self.length = DynamicCache(), embeds.shape[1]
-        return self._run(embeds, self.cache, 0)
+        self.length = embeds.shape[1]
+        hidden, self.cache = self.forward(embeds, self.new_cache(), 0)
+        return hidden
 
     def positive(self, embed):
         self.length += 1
-        return self._run(embed, self.cache, self.length - 1)
+        hidden, self.cache = self.forward(embed, self.cache, self.length - 1)
+        return hidden
 
     def negative(self, embed):
         self.negative_length += 1
-        return self._run(embed, self.negative_cache, self.negative_length - 1)
+        hidden, self.negative_cache = self.forward(embed, self.negative_cache, self.negative_length - 1)
+        return hidden
 
     def restart_negative(self):
-        self.negative_cache, self.negative_length = DynamicCache(), 0
+        self.negative_cache, self.negative_length = self.new_cache(), 0
 
 
 class TorchTts15bBackend:

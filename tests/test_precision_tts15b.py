@@ -1,0 +1,100 @@
+"""VibeVoice-1.5B at int8 and int4: built from the fp32 sibling by the kind's policy, gated against the fp32
+reference in both closed loops, refused by `speak` until verified; a broken quantization on the feedback
+path caught by the loops; fp16 built for GPUs and checked statically; the speculative CFG streams gate
+catching a broken speculation."""
+
+import json
+
+import onnx
+import pytest
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.export.precision import POLICIES, Scheme, quantize_graph
+
+from conftest import copy_bundle
+from test_precision import assert_follows_policy, unverified_copy
+
+SCRIPT = "Speaker 1: Hello there.\nSpeaker 2: Hi, how are you?"
+
+
+@pytest.fixture(scope="module")
+def variants(tiny_checkpoints, tiny_15b_bundle, tmp_path_factory):
+    """A copy of the tiny fp32 1.5B bundle (with its voice), and its int8 and int4 siblings built from it."""
+    root = tmp_path_factory.mktemp("precision15b")
+    copy_bundle(tiny_15b_bundle, root / "1.5b" / "cpu_fp32")
+    for precision in ("int8", "int4"):
+        assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", precision]) == 0
+    return root / "1.5b"
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_variants_follow_their_policy(variants, precision):
+    assert_follows_policy(variants, "1.5b", precision)
+    policy = POLICIES["1.5b"][precision]
+    assert {"lm", "diffusion_head_step", "acoustic_decoder_stream", "semantic_encoder_stream"} <= policy.keys()
+    assert not {"acoustic_connector", "semantic_connector"} & policy.keys()  # small, on the feedback path
+
+
+def test_int8_is_refused_until_verified_then_passes_and_speaks(variants, tmp_path, capsys):
+    bundle = unverified_copy(variants / "cpu_int8", tmp_path / "int8")
+    speak = ["speak", str(bundle), SCRIPT, "--speaker", "1=alice", "--speaker", "2=alice", "--max-frames", "3",
+             "-o", str(tmp_path / "x.wav")]
+    assert main(speak) == 2 and "has not been verified" in capsys.readouterr().err
+    assert main(["verify", str(bundle)]) == 0
+    record = json.loads((bundle / "manifest.json").read_text())["parity"]
+    assert record["precision"] == "int8" and record["passed"] and "random weights" in record["caveat"]
+    gates = {g["name"]: g for g in record["gates"]}
+    assert gates["closed loop, forced segments: per-latent min cosine (first 8 latents)"]["cosine"] >= 0.95
+    assert gates["closed loop, forced segments, teacher-forced: conditions min cosine"]["cosine"] >= 0.995
+    for name in ("acoustic_connector", "semantic_connector"):  # kept fp32: as exact as the fp32 bundle
+        assert gates[name]["cosine"] > 0.99999
+    assert main(speak) == 0 and (tmp_path / "x.wav").is_file()
+
+
+def test_int4_is_judged_and_speak_follows_the_verdict(variants, tmp_path, capsys):
+    bundle = copy_bundle(variants / "cpu_int4", tmp_path / "int4")
+    code = main(["verify", str(bundle)])
+    record = json.loads((bundle / "manifest.json").read_text())["parity"]
+    assert code == (0 if record["passed"] else 1) and record["thresholds"]["graph_min_cosine"] == 0.98
+    capsys.readouterr()
+    spoke = main(["speak", str(bundle), SCRIPT, "--speaker", "1=alice", "--speaker", "2=alice", "--max-frames", "2",
+                  "-o", str(tmp_path / "x.wav")])
+    assert spoke == (0 if record["passed"] else 2)
+
+
+def test_broken_quantization_on_the_feedback_path_is_caught_by_the_loops(variants, tmp_path, capsys):
+    """The semantic connector (fp32 by policy: it feeds each decoded latent back into the LM) at 2 bits."""
+    bundle = unverified_copy(variants / "cpu_int8", tmp_path / "broken")
+    quantize_graph(bundle / "semantic_connector.onnx", Scheme(2, block_size=16, symmetric=True, accuracy_level=0), False)
+    assert main(["verify", str(bundle)]) == 1
+    failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
+    assert "semantic_connector" in failed
+    assert any(name.startswith("closed loop, forced segments: per-latent min cosine") for name in failed)
+    assert "closed loop, forced segments, teacher-forced: conditions min cosine" in failed  # at every forced frame
+    assert not failed & {"lm (past 16, new 1)", "diffusion_head", "acoustic_connector"}  # only what was broken
+
+
+def test_a_speculation_that_is_not_undone_fails_the_streams_gate(variants, tmp_path, monkeypatch, capsys):
+    """The negative row's speculative step, left in place when the pick is not speech, is a real defect the
+    batched streams could have: the gate against upstream's separate streams on the same graph catches it."""
+    from vibevoice_onnx.runtime.lm import BatchedGuidedStreams
+
+    bundle = copy_bundle(variants / "cpu_fp32", tmp_path / "fp32")
+    monkeypatch.setattr(BatchedGuidedStreams, "forget", lambda self, row, steps=1: None)
+    assert main(["verify", str(bundle)]) == 1
+    failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
+    assert "lm: speculative batched CFG streams == separate streams" in failed
+
+
+def test_fp16_is_built_for_gpus_and_checked_statically(tiny_checkpoints, variants):
+    root = variants.parent
+    assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", "fp16", "--device", "cuda"]) == 0
+    bundle = root / "1.5b" / "cuda_fp16"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["device"] == "cuda" and manifest["precision"] == "fp16"
+    for name in ("lm", "diffusion_head_step", "semantic_encoder_stream"):
+        graph = onnx.load(str(bundle / manifest["graphs"][name]["file"]))
+        onnx.checker.check_model(graph, full_check=True)
+        assert onnx.TensorProto.FLOAT16 in {t.data_type for t in graph.graph.initializer}, name
+        assert all(i.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64)
+                   for i in graph.graph.input), name  # fed as the CPU bundle is
