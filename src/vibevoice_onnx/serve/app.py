@@ -28,7 +28,8 @@ from ..errors import VibeVoiceError
 from ..runtime.bundle import voice_path
 from . import speech as speech_route
 from . import transcriptions as asr_route
-from .http import Admission, ApiError, Pump, bounded, read_body, with_timeout
+from .fields import served_model
+from .http import Admission, ApiError, Pump, bounded, read_body, sse_event, with_timeout
 from .models import Models
 
 log = logging.getLogger("vibevoice_onnx.serve")
@@ -87,7 +88,7 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/audio/voices")
     async def list_voices(model: str | None = None):
-        chosen = [_tts_model(models, model)] if model else [m for m in models.by_id.values() if m.task == "tts"]
+        chosen = [served_model(models, model, "tts")] if model else [m for m in models.by_id.values() if m.task == "tts"]
         return {"voices": [{"id": v, "name": v, "model": m.id} for m in chosen for v in m.voices()]}
 
     @app.post("/v1/audio/voices")
@@ -116,17 +117,19 @@ class _State:
     workers: ThreadPoolExecutor
     admission: Admission | None = None
 
-    def admit(self) -> Admission:
+    async def run(self, job, on_stop=None) -> Pump:
+        """`job` in a worker thread once a generation slot is free (else a 429); the slot is freed when it ends."""
         if self.admission is None:  # made in the event loop that serves
             self.admission = Admission(self.settings.max_active, self.settings.max_queue)
-        return self.admission
-
-
-def _tts_model(models: Models, name: str):
-    try:
-        return models.get(name, "tts")
-    except VibeVoiceError as e:
-        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+        admission = self.admission
+        await admission.enter()
+        try:
+            pump = Pump(job, self.workers, on_stop=on_stop)
+        except BaseException:
+            admission.leave()
+            raise
+        pump.finished.add_done_callback(lambda _: admission.leave())
+        return pump
 
 
 # ---- errors, auth, the log line ----
@@ -204,12 +207,9 @@ async def _speech(request: Request, state: _State):
     parsed = speech_route.parse_speech(body, state.models, state.settings.max_input_chars)
     request.state.model = parsed.model.id
     generation = speech_route.start(parsed)
-    admission = state.admit()
-    await admission.enter()
     sse = parsed.stream_format == "sse"
-    pump = Pump(speech_route.encode_job(generation, parsed.response_format, sse, state.settings.stopping),
-                state.workers, on_stop=getattr(generation, "close", None))
-    pump.finished.add_done_callback(lambda _: admission.leave())
+    pump = await state.run(speech_route.encode_job(generation, parsed.response_format, sse, state.settings.stopping),
+                           on_stop=getattr(generation, "close", None))
     request.state.streamed = True
 
     async def stream():
@@ -218,7 +218,7 @@ async def _speech(request: Request, state: _State):
             async for data in pump:
                 yield data
             if sse:
-                yield speech_route.sse_event("speech.audio.done",
+                yield sse_event("speech.audio.done",
                                              usage=speech_route.usage(parsed.model, parsed.text, generation.result.frames))
         except asyncio.CancelledError:
             status, note = 499, "client disconnected"
@@ -263,11 +263,8 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
                 generation.feed(parsed.text)
         except VibeVoiceError as e:
             raise ApiError(400, str(e)) from None
-        admission = state.admit()
-        await admission.enter()
-        pump = Pump(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
-                    state.workers, on_stop=generation.close)
-        pump.finished.add_done_callback(lambda _: admission.leave())
+        pump = await state.run(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
+                               on_stop=generation.close)
         receiver = asyncio.create_task(_receive_text(websocket, generation, settings))
         try:
             async for data in pump:
@@ -384,10 +381,7 @@ async def _transcription(request: Request, state: _State):
     finally:
         await form.close()
     request.state.audio_seconds = len(samples) / rate
-    admission = state.admit()
-    await admission.enter()
-    pump = Pump(asr_route.transcribe_job(parsed, samples, rate, parsed.stream), state.workers)
-    pump.finished.add_done_callback(lambda _: admission.leave())
+    pump = await state.run(asr_route.transcribe_job(parsed, samples, rate, parsed.stream))
     if parsed.stream:
         request.state.streamed = True
         return StreamingResponse(_transcript_events(pump, parsed, started, len(samples) / rate),
@@ -407,12 +401,12 @@ async def _transcript_events(pump: Pump, parsed, started: float, seconds: float)
     try:
         async for delta, segments in pump:
             for index, segment in segments:
-                yield asr_route.sse("transcript.text.segment", id=index, start=segment.start, end=segment.end,
+                yield sse_event("transcript.text.segment", id=index, start=segment.start, end=segment.end,
                                     text=segment.text, speaker=segment.speaker)
             if delta:
-                yield asr_route.sse("transcript.text.delta", delta=delta)
+                yield sse_event("transcript.text.delta", delta=delta)
         body = asr_route.respond(pump.result, parsed, "json")
-        yield asr_route.sse("transcript.text.done", **body)
+        yield sse_event("transcript.text.done", **body)
         yield b"data: [DONE]\n\n"
     except asyncio.CancelledError:
         status, note = 499, "client disconnected"
@@ -438,7 +432,7 @@ async def _add_voice(request: Request, state: _State):
             raise ApiError(400, "'name' is required: the new voice's name", param="name", code="missing_field")
         model_name = form.get("model")
         candidates = [m for m in state.models.by_id.values() if m.kind == "1.5b"]
-        model = _tts_model(state.models, model_name) if isinstance(model_name, str) and model_name else (
+        model = served_model(state.models, model_name, "tts") if isinstance(model_name, str) and model_name else (
             candidates[0] if candidates else None)
         if model is None or model.kind != "1.5b":
             raise ApiError(400, "voices are added to VibeVoice-1.5B models only (a realtime voice is a cached prompt "

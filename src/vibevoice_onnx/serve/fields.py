@@ -61,3 +61,11 @@ def option(body: dict, name: str, default=None):
         return check(name, value)
     except VibeVoiceError as e:
         raise ApiError(400, str(e), param=name, code="invalid_value") from None
+
+
+def served_model(models, name: str, task: str):
+    """The model a request names (an id, or one of OpenAI's names for `task`), or a 404 naming what is served."""
+    try:
+        return models.get(name, task)
+    except VibeVoiceError as e:
+        raise ApiError(404, str(e), param="model", code="model_not_found") from None

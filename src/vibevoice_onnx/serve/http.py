@@ -4,6 +4,7 @@ generations), bodies read with a size limit and a timeout, and generation run of
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any, AsyncIterator, Callable
 
@@ -28,6 +29,11 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def sse_event(kind: str, **fields) -> bytes:
+    """One server-sent event: `data: {"type": kind, ...}` and the blank line that ends it."""
+    return f"data: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n".encode()
 
 
 class Admission:

@@ -4,7 +4,6 @@ the generation run in a worker thread, its audio encoded there into one stream p
 from __future__ import annotations
 
 import base64
-import json
 import threading
 from dataclasses import dataclass, field
 
@@ -12,8 +11,8 @@ from ..errors import VibeVoiceError
 from ..runtime.speech import Speech
 from ..script import has_labels, parse_script
 from .codec import FORMATS, StreamEncoder
-from .fields import option, take
-from .http import ApiError
+from .fields import option, served_model, take
+from .http import ApiError, sse_event
 from .models import Models, ServedModel
 
 # What the speech routes take beyond OpenAI's fields (the runtime's own options).
@@ -41,10 +40,7 @@ def parse_speech(body, models: Models, max_chars: int, text_required: bool = Tru
     """Every field of a speech request checked, as OpenAI's contract has them, plus OPTIONS."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
-    try:
-        model = models.get(take(body, "model", str, required=True), "tts")
-    except VibeVoiceError as e:
-        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+    model = served_model(models, take(body, "model", str, required=True), "tts")
     text = take(body, "input", str, required=text_required, max_length=max_chars, default="")
     if text_required and not text.strip():
         raise ApiError(400, "'input' is empty: give some text to speak", param="input", code="empty_input")
@@ -130,7 +126,3 @@ def encode_job(speech: Speech, response_format: str, sse: bool, stopping: thread
         return speech
 
     return job
-
-
-def sse_event(kind: str, **fields) -> bytes:
-    return f"data: {json.dumps({'type': kind, **fields})}\n\n".encode()

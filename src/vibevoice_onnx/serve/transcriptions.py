@@ -3,7 +3,6 @@ it, the upload decoded whatever its format, and the transcript in OpenAI's shape
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -13,7 +12,7 @@ from ..errors import VibeVoiceError
 from ..runtime.asr import MAX_NEW_TOKENS, Transcript
 from ..transcription import Segment, parse_transcript, render
 from .codec import decode_upload
-from .fields import option, take
+from .fields import option, served_model, take
 from .http import ApiError
 from .models import Models, ServedModel
 
@@ -45,10 +44,7 @@ def parse_transcription(form, models: Models) -> TranscriptionRequest:
     for key, value in fields.items():
         if not isinstance(value, str):
             raise ApiError(422, f"'{key}' must be a text field, not a file", param=key, code="invalid_type")
-    try:
-        model = models.get(take(fields, "model", str, required=True), "asr")
-    except VibeVoiceError as e:
-        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+    model = served_model(models, take(fields, "model", str, required=True), "asr")
     fmt = take(fields, "response_format", str, default="json", choices=RESPONSE_FORMATS)
     for granularity in granularities(form):
         if granularity == "word":
@@ -171,7 +167,3 @@ def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int
         return transcript
 
     return job
-
-
-def sse(kind: str, **fields) -> bytes:
-    return f"data: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n".encode()
