@@ -140,6 +140,27 @@ def test_speech_sse_events_carry_the_same_audio(client, models):
     assert usage["output_tokens"] == 9 and usage["total_tokens"] == usage["input_tokens"] + 9 > 9
 
 
+def test_a_failure_mid_stream_ends_an_sse_stream_with_a_json_error_event(client, monkeypatch):
+    """After the first byte there is no status to change: the stream's last event says what went wrong."""
+    from vibevoice_onnx.serve.codec import StreamEncoder
+
+    encode, calls = StreamEncoder.encode, []
+
+    def failing(self, samples):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the encoder broke")
+        return encode(self, samples)
+
+    monkeypatch.setattr(StreamEncoder, "encode", failing)
+    response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT, "voice": "synthetic", "seed": 1,
+                                                     "max_frames": 9, "response_format": "pcm", "stream_format": "sse"})
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[0]["type"] == "speech.audio.delta"
+    assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "server_error"
+    assert "the encoder broke" in events[-1]["error"]["message"]
+
+
 def test_speech_takes_a_15b_script_with_a_voice_per_speaker(client, models):
     runner = models.by_id[ids(models)[1]].runner
     script = "Speaker 1: Hello there.\nSpeaker 2: Hi!"

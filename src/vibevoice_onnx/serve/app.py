@@ -228,7 +228,7 @@ async def _speech(request: Request, state: _State):
             log.exception("speech generation failed")
             if not sse:
                 raise
-            yield f"data: {ApiError(500, str(e)).body()}\n\n".encode()
+            yield sse_event("error", **ApiError(500, str(e)).body())
         finally:
             pump.stop()
             log_request("POST", "/v1/audio/speech", parsed.model.id, status, time.perf_counter() - started,
@@ -414,7 +414,7 @@ async def _transcript_events(pump: Pump, parsed, started: float, seconds: float)
     except Exception as e:  # noqa: BLE001
         status, note = 500, f"transcription failed: {e}"
         log.exception("transcription failed")
-        yield f"data: {ApiError(500, str(e)).body()}\n\n".encode()
+        yield sse_event("error", **ApiError(500, str(e)).body())
     finally:
         pump.stop()
         log_request("POST", "/v1/audio/transcriptions", parsed.model.id, status, time.perf_counter() - started,
