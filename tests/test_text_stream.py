@@ -182,3 +182,30 @@ def test_dialogue_refuses_missing_voices(tts):
         tts.dialogue("Speaker 1: Hi.\nSpeaker 2: Hey.", {1: "synthetic"}, seed=1)
     with pytest.raises(VibeVoiceError, match="no voice 'nobody'"):
         tts.dialogue("Speaker 1: Hi.", {1: "nobody"}, seed=1)
+
+
+def test_speak_stream_input_reads_stdin_as_it_arrives_and_gives_the_whole_texts_audio(tiny_bundle):
+    """`llm ... | vibevoice-onnx speak B --stream-input --raw`: standard input arriving in pieces (cut inside
+    words and inside a multi-byte character) gives the bytes `speak TEXT --raw` gives."""
+    import subprocess
+    import sys
+
+    text = "Caf\u00e9 \u00fcber alles: " + TEXT  # within the frames spoken
+    common = [sys.executable, "-m", "vibevoice_onnx.cli", "speak", str(tiny_bundle), "--raw", "--seed", "11",
+              "--max-frames", "40", "--threads", "1"]
+    whole = subprocess.run([*common[:5], text, *common[5:]], capture_output=True, timeout=120)
+    assert whole.returncode == 0, whole.stderr.decode()
+    process = subprocess.Popen([*common, "--stream-input"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    started = process.stderr.readline().decode()  # the bundle is loaded and standard input is being read
+    assert "text from standard input as it arrives" in started
+    data = text.encode()
+    inside = [data.index(ch.encode()) + 1 for ch in "\u00e9\u00fc"]  # between the two bytes of each
+    cuts = sorted({*range(0, len(data), 4), *inside, len(data)})
+    for start, end in zip(cuts, cuts[1:]):
+        process.stdin.write(data[start:end])
+        process.stdin.flush()
+        time.sleep(0.02)  # each piece read on its own
+    out, err = process.communicate(timeout=120)  # closes standard input: the end of the text
+    assert process.returncode == 0, err.decode()
+    assert len(out) > 0 and out == whole.stdout
