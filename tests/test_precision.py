@@ -164,6 +164,7 @@ def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_
     report = json.loads(capsys.readouterr().out)
     runtime, reference = report["runtime"], report["reference"]
     assert runtime["frames"] == reference["frames"] == 7 and len(runtime["chunk_times"]) == 7
+    assert runtime["options"] == {"decode_group": 3}
     assert runtime["real_time_factor"] == pytest.approx(runtime["wall_seconds"] / (7 * 3200 / 24000))
     graphs = runtime["graphs"]
     assert graphs["diffusion_head_step"]["calls"] == 7 * 5  # 5 solver steps, both CFG streams in one call
@@ -176,6 +177,19 @@ def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_
     assert runtime["host_tensor_bytes"] == (tiny_bundle / "host.safetensors").stat().st_size
     assert runtime["shared_pool_threads"] is None  # main() called with a list leaves the process's pools alone
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_growth_report_is_the_runs_own_times_and_memory():
+    from vibevoice_onnx.runtime.bench import growth
+
+    times = list(np.cumsum([5.0] + [0.1] * 10 + [0.2] * 80 + [0.4] * 10))  # 101 latents, the first with the prefill
+    memory = [100] * 10 + [200] * 80 + [210] * 11
+    report = growth({"chunk_times": times, "resident_bytes": memory})
+    assert report["first_tenth_ms_per_latent"] == pytest.approx(100) and report["last_tenth_ms_per_latent"] == pytest.approx(400)
+    assert report["memory_from_latent"] == 10 and report["resident_bytes_then"] == 200
+    assert report["memory_growth"] == pytest.approx(0.05)
+    long = growth({"chunk_times": list(np.arange(1200.0)), "resident_bytes": [1] * 500 + [2] * 700})
+    assert long["memory_from_latent"] == 500 and long["memory_growth"] == 0
 
 
 def nbits_of(path) -> list[int]:

@@ -98,3 +98,27 @@ def test_fp16_is_built_for_gpus_and_checked_statically(tiny_checkpoints, variant
         assert onnx.TensorProto.FLOAT16 in {t.data_type for t in graph.graph.initializer}, name
         assert all(i.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64)
                    for i in graph.graph.input), name  # fed as the CPU bundle is
+
+
+def test_bench_runs_exactly_n_latents_of_a_15b_bundle_with_the_reference(tiny_checkpoints, tiny_15b_bundle, capsys):
+    """A random LM may pick EOS at once: the bench picks speech at every step, past upstream's 2x-prompt cap."""
+    frames = 40
+    assert main(["bench", str(tiny_15b_bundle), "--frames", str(frames), "--reference", str(tiny_checkpoints["1.5b"]),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runtime, reference = report["runtime"], report["reference"]
+    assert runtime["kind"] == "1.5b" and runtime["frames"] == reference["frames"] == frames
+    assert len(runtime["chunk_times"]) == len(runtime["resident_bytes"]) == frames
+    graphs = runtime["graphs"]
+    assert graphs["lm"]["calls"] == 1 + frames  # the prefill, the speech-start step, then one per latent but the last
+    assert graphs["acoustic_decoder_stream"]["calls"] == frames == graphs["semantic_encoder_stream"]["calls"] + 1
+    assert graphs["diffusion_head_step"]["calls"] == 10 * frames
+    assert runtime["growth"]["memory_from_latent"] == frames // 10
+    assert reference["growth"]["first_tenth_ms_per_latent"] > 0
+
+
+def test_bench_refuses_what_it_cannot_time(tiny_15b_bundle, tiny_asr_bundle, capsys):
+    assert main(["bench", str(tiny_15b_bundle), "--decode-group", "3"]) == 2
+    assert "--decode-group is for realtime bundles" in capsys.readouterr().err
+    assert main(["bench", str(tiny_asr_bundle)]) == 2
+    assert "bench times TTS bundles" in capsys.readouterr().err

@@ -200,11 +200,10 @@ def cmd_transcribe(args) -> int:
 
 def cmd_bench(args) -> int:
     from .runtime.bench import bench, format_report, plot
-    from .runtime.realtime import DECODE_GROUP
 
     report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
                    reference=Path(args.reference) if args.reference else None, threads=args.threads,
-                   decode_group=args.decode_group or DECODE_GROUP)
+                   decode_group=args.decode_group)
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -360,19 +359,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "quantized one, has not been verified")
     p.set_defaults(func=cmd_transcribe)
 
-    p = sub.add_parser("bench", help="time a realtime bundle: real-time factor, first audio, per-graph cost, "
-                       "weight bytes per frame against this machine's memory bandwidth, peak memory")
+    p = sub.add_parser("bench", help="time a TTS bundle (realtime or 1.5B): real-time factor, first audio, per-graph "
+                       "cost, weight bytes per latent against this machine's memory bandwidth, peak memory, and how "
+                       "the cost per latent and the memory move over a long run")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
     p.add_argument("--reference", metavar="CHECKPOINT_DIR", help="also run the PyTorch reference on the same weights, "
                    "text, voice and noise, in the same run")
     p.add_argument("--frames", type=cli_type("max_frames"), default=48, metavar="N",
-                   help="frames to generate, whatever EOS decides (default 48 = 6.4 s)")
+                   help="latents to generate, whatever the model decides (default 48 = 6.4 s); a long run (say "
+                   "4000) shows how the cost per latent grows with the position")
     p.add_argument("--voice", metavar="NAME", help="a voice of the bundle (default: the first)")
     p.add_argument("--threads", type=cli_type("threads"), help="intra-op threads (default: all cores)")
-    p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="frames per decoder call after "
-                   "the first (default: the runtime's)")
+    p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="realtime: frames per decoder "
+                   "call after the first (default: the runtime's)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="draw when each frame's audio was ready (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
+                   "what each latent cost along the run (needs matplotlib)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible speech and transcription server over bundles (serve extra)")

@@ -147,15 +147,20 @@ def long_form_frames(
     choose: Choose | None = None,
     max_steps: int | None = None,
     teacher: Teacher | None = None,
+    upstream_cap: bool = True,
 ) -> Iterator[np.ndarray]:
     """Yield each latent's audio chunk as soon as it is decoded, filling `result` as it goes; `choose`
-    overrides the token picks (verify forces a schedule), `max_steps` caps the steps below upstream's cap;
-    a `teacher` (Teacher, with tokens) decides every token and every fed-back latent, for its length."""
+    overrides the token picks (verify forces a schedule), `max_steps` caps the steps below upstream's cap
+    (`upstream_cap=False` lifts the cap of twice the prompt's length, so `bench` runs any number of latents
+    on a short prompt; the model's positions still bound it); a `teacher` (Teacher, with tokens) decides
+    every token and every fed-back latent, for its length."""
     if teacher is not None:
         tokens = teacher.tokens
         choose, max_steps = (lambda step, greedy: tokens[step]), len(tokens)
     length = prompt_embeds.shape[1]
-    limit = min(backend.max_positions - length, MAX_LENGTH_TIMES * length)
+    limit = backend.max_positions - length
+    if upstream_cap:
+        limit = min(limit, MAX_LENGTH_TIMES * length)
     max_steps = limit if max_steps is None else min(max_steps, limit)
     if limit < 1:
         raise VibeVoiceError(f"the prompt is {length} tokens, which leaves no room below the model's "

@@ -1,41 +1,44 @@
 """The PyTorch reference's side of `vibevoice-onnx bench`, run in a child process so its memory is its own:
 
-    python -m vibevoice_onnx.reference.timing CHECKPOINT BUNDLE VOICE TEXT SEED FRAMES THREADS
+    python -m vibevoice_onnx.reference.timing CHECKPOINT BUNDLE VOICE FRAMES THREADS OPTIONS_JSON
 
-prints one JSON line with the same timings the runtime side measures (the same loop, frames, text and noise).
+runs the bundle kind's bench generation (the same loop, latents, text, voice, noise and options as the runtime
+side) on the reference backend and prints one JSON line with the same timings.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 
-from ..generation.realtime import GenerationResult, realtime_frames
+from ..runtime.bench import result_of, bench_kind, timed_run
 from ..runtime.bundle import Bundle
-from ..sampling import NoiseSource
-from ..text import encode_tts_text
-from .loading import load_realtime
-from .realtime import TorchRealtimeBackend
+
+
+def reference_backend(kind: str, checkpoint: str):
+    if kind == "realtime":
+        from .loading import load_realtime
+        from .realtime import TorchRealtimeBackend
+
+        return TorchRealtimeBackend(load_realtime(checkpoint))
+    from .tts15b import TorchTts15bBackend, load_tts15b
+
+    return TorchTts15bBackend(load_tts15b(checkpoint))
 
 
 @torch.no_grad()
 def main(argv: list[str]) -> None:
-    checkpoint, bundle_dir, voice, text, seed, frames, threads = argv
+    checkpoint, bundle_dir, voice, frames, threads, options = argv
     if int(threads):
         torch.set_num_threads(int(threads))
     bundle = Bundle(bundle_dir)
-    backend = TorchRealtimeBackend(load_realtime(checkpoint))
-    prompt, ids, noise = bundle.voice(voice), encode_tts_text(bundle.tokenizer, text), NoiseSource.from_seed(int(seed))
-    result, chunk_times = GenerationResult(), []
-    start = time.perf_counter()
-    for _ in realtime_frames(backend, prompt, ids, noise, 1.5, 5, int(frames), result, stop_on_eos=False):
-        chunk_times.append(time.perf_counter() - start)
-    wall = time.perf_counter() - start
-    print(json.dumps({"frames": result.frames, "wall_seconds": wall, "real_time_factor": wall / (result.frames * 3200 / 24000),
-                      "first_audio_seconds": chunk_times[0], "chunk_times": chunk_times}))
+    _, bench_frames = bench_kind(bundle.kind)
+    backend, result = reference_backend(bundle.kind, checkpoint), result_of(bundle.kind)
+    run = timed_run(bench_frames(backend, bundle, voice, int(frames), result, **json.loads(options)))
+    print(json.dumps({"frames": result.frames, **run, "real_time_factor": run["wall_seconds"] / (result.frames * 3200 / 24000),
+                      "first_audio_seconds": run["chunk_times"][0]}))
 
 
 if __name__ == "__main__":

@@ -1,36 +1,78 @@
-"""`vibevoice-onnx bench`: how fast a realtime bundle speaks here, and why.
+"""`vibevoice-onnx bench`: how fast a TTS bundle (realtime or 1.5B) speaks here, how that changes as a long run
+goes on, and why.
 
-Exactly N frames are generated (the EOS decision is computed but not acted on, so a random checkpoint that
-would stop early still gives a full run), with a fixed text and noise. Reported: real-time factor, time to
-first audio, milliseconds per frame of each graph, the weight bytes each frame reads and the floor that this
-machine's memory bandwidth (measured here) puts under it, and peak memory. With a checkpoint, the PyTorch
-reference runs the same loop on the same weights, text, voice and noise in a child process, in the same run.
+Exactly N latents are generated whatever the model decides (realtime: EOS computed, not acted on; 1.5B: speech
+picked at every step), with a fixed text and noise, so a random checkpoint gives a full run (each kind's
+`bench_frames` says what it runs). Reported: real-time factor, time to first audio, milliseconds per latent of
+each graph, the weight bytes each latent reads and the floor that this machine's memory bandwidth (measured
+here) puts under it, peak memory; and, for long runs, the time per latent over the first and the last tenth of
+the run and the memory from latent 500 (a tenth of a shorter run) on. With a checkpoint, the PyTorch reference
+runs the same loop on the same weights, text, voice and noise in a child process, in the same run.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from ..errors import VibeVoiceError
-from ..generation.realtime import GenerationResult, realtime_frames
-from ..sampling import NoiseSource
-from ..text import encode_tts_text
 from .bundle import Bundle, cpu_session_options, shared_pool_threads
-from .realtime import DECODE_GROUP, OnnxRealtimeBackend
 
-BENCH_TEXT = (
-    "VibeVoice turns text into speech one frame at a time. This benchmark measures how fast the ONNX runtime "
-    "speaks compared with the PyTorch reference, on the same weights, with the same voice and the same noise."
-)
-NOISE_SEED = 42
 FRAME_SECONDS = 3200 / 24000
+MEMORY_FROM = 500  # the latent from which a long run's memory must stay flat
+
+
+def bench_kind(kind: str):
+    """(the onnxruntime backend class, the bench generation) of a TTS kind."""
+    from . import realtime, tts15b
+
+    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames),
+             "1.5b": (tts15b.OnnxTts15bBackend, tts15b.bench_frames)}
+    if kind not in kinds:
+        raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}); this one is '{kind}' "
+                             "(time transcription with `vibevoice-onnx transcribe`, which reports its speed)")
+    return kinds[kind]
+
+
+def timed_run(chunks: Iterator[np.ndarray]) -> dict:
+    """When each latent's audio was ready (seconds since the start) and the process's memory then."""
+    times, memory = [], []
+    start = time.perf_counter()
+    for _ in chunks:
+        times.append(time.perf_counter() - start)
+        memory.append(resident_bytes())
+    return {"wall_seconds": time.perf_counter() - start, "chunk_times": times, "resident_bytes": memory}
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return peak_memory_bytes()
+
+
+def growth(run: dict) -> dict:
+    """How a run's cost moves with the position: mean ms per latent over its first and last tenth (the
+    first latent, which carries the prefill, left out) and memory from latent 500 (or a tenth) on."""
+    per_latent = np.diff(run["chunk_times"])
+    tenth = max(1, len(per_latent) // 10)
+    memory = run["resident_bytes"]
+    since = MEMORY_FROM if len(memory) >= 2 * MEMORY_FROM else len(memory) // 10
+    first, last = per_latent[:tenth].mean() if len(per_latent) else 0.0, per_latent[-tenth:].mean() if len(per_latent) else 0.0
+    return {"first_tenth_ms_per_latent": 1000 * float(first), "last_tenth_ms_per_latent": 1000 * float(last),
+            "memory_from_latent": since, "resident_bytes_then": memory[since],
+            "resident_bytes_max_after": max(memory[since:]), "memory_growth": max(memory[since:]) / memory[since] - 1}
 
 
 def memory_bandwidth(threads: int | None, megabytes: int = 512, repeats: int = 10) -> float:
@@ -65,39 +107,34 @@ def peak_memory_bytes(children: bool = False) -> int:
     return usage.ru_maxrss * 1024  # kilobytes on Linux
 
 
-def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int | None, decode_group: int) -> dict:
+def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int | None, options: dict) -> dict:
     bundle = Bundle(Path(bundle_dir), threads=threads)
-    bundle.require_kind("realtime")
+    backend_class, bench_frames = bench_kind(bundle.kind)
     timings = bundle.time_calls()
-    backend = OnnxRealtimeBackend(bundle)
+    backend = backend_class(bundle)
     voices = bundle.voices()
     voice = voice or (voices[0] if voices else None)
     if voice is None:
         raise VibeVoiceError(f"{bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
-    prompt, ids = bundle.voice(voice), encode_tts_text(bundle.tokenizer, BENCH_TEXT)
-    noise = NoiseSource.from_seed(NOISE_SEED)
     for values in timings.values():
         values.clear()  # session creation is not part of the run
-    result, frame_times = GenerationResult(), []
-    start = time.perf_counter()
-    for _ in realtime_frames(backend, prompt, ids, noise, 1.5, 5, frames, result, stop_on_eos=False,
-                             decode_group=decode_group):
-        frame_times.append(time.perf_counter() - start)
-    wall = time.perf_counter() - start
+    options = {**_defaults(bench_frames), **options}  # reported, and given to the reference as they are
+    result = result_of(bundle.kind)
+    run = timed_run(bench_frames(backend, bundle, voice, frames, result, **options))
     per_graph = {name: {"calls": len(values), "ms_per_frame": 1000 * sum(values) / frames}
                  for name, values in sorted(timings.items())}
     # The run above is the first after loading: its first audio pays each session's one-time setup. A service
     # that stays loaded answers later requests warm; the same start, once more, says how fast that is.
-    start, warm = time.perf_counter(), realtime_frames(backend, prompt, ids, noise, 1.5, 5, 1, GenerationResult())
-    next(warm)
+    start = time.perf_counter()
+    next(iter(bench_frames(backend, bundle, voice, 1, result_of(bundle.kind), **options)))
     warm_first_audio = time.perf_counter() - start
     read = sum(bundle.weight_bytes(name) * stats["calls"] for name, stats in per_graph.items()) / frames
     return {
-        "bundle": str(bundle.path), "precision": bundle.manifest["precision"], "gates": gate_status(bundle),
-        "voice": voice, "frames": result.frames,
-        "decode_group": decode_group, "shared_pool_threads": shared_pool_threads(), "wall_seconds": wall, "real_time_factor": wall / (result.frames * FRAME_SECONDS),
-        "first_audio_seconds": frame_times[0], "warm_first_audio_seconds": warm_first_audio, "chunk_times": frame_times,
-        "graphs": per_graph,
+        "bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+        "gates": gate_status(bundle), "voice": voice, "frames": result.frames, "options": options,
+        "shared_pool_threads": shared_pool_threads(), **run, "real_time_factor": run["wall_seconds"] / (result.frames * FRAME_SECONDS),
+        "first_audio_seconds": run["chunk_times"][0], "warm_first_audio_seconds": warm_first_audio,
+        "growth": growth(run), "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
         "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"]),
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
@@ -105,62 +142,94 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     }
 
 
+def _defaults(function) -> dict:
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()
+            if p.default not in (inspect.Parameter.empty, None)}
+
+
+def result_of(kind: str):
+    from ..generation.realtime import GenerationResult
+    from ..generation.tts15b import LongFormResult
+
+    return GenerationResult() if kind == "realtime" else LongFormResult()
+
+
 def gate_status(bundle: Bundle) -> str:
     parity = bundle.manifest.get("parity")
     return "not verified" if not parity else "passed" if parity["passed"] else "FAILED"
 
 
-def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, threads: int | None) -> dict:
+def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, threads: int | None, options: dict) -> dict:
     """The PyTorch reference on the same weights, text, voice and noise, in a child process (its own memory)."""
     command = [sys.executable, "-m", "vibevoice_onnx.reference.timing", str(checkpoint), str(bundle_dir), voice,
-               BENCH_TEXT, str(NOISE_SEED), str(frames), str(threads or 0)]
+               str(frames), str(threads or 0), json.dumps(options)]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode:
         raise VibeVoiceError(f"the PyTorch reference run failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "peak_memory_bytes": peak_memory_bytes(children=True)}
+    run = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}
 
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
-          threads: int | None = None, decode_group: int = DECODE_GROUP) -> dict:
+          threads: int | None = None, decode_group: int | None = None) -> dict:
+    """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
-    runtime = run_runtime(bundle_dir, frames, voice, threads, decode_group)  # first: its peak memory is its own
+    options = {} if decode_group is None else {"decode_group": decode_group}
+    runtime = run_runtime(bundle_dir, frames, voice, threads, options)  # first: its peak memory is its own
     bandwidth = memory_bandwidth(threads)
     report = {"runtime": runtime, "bandwidth_bytes_per_second": bandwidth}
     runtime["bandwidth_floor_ms_per_frame"] = 1000 * runtime["weight_bytes_per_frame"] / bandwidth
     if reference is not None:
-        report["reference"] = run_reference(reference, bundle_dir, runtime["voice"], frames, threads)
+        report["reference"] = run_reference(reference, bundle_dir, runtime["voice"], frames, threads, options)
     return report
 
 
 def format_report(report: dict) -> str:
     runtime = report["runtime"]
     per_frame = 1000 * runtime["wall_seconds"] / runtime["frames"]
+    options = "".join(f", {name.replace('_', ' ')} {value}" for name, value in runtime["options"].items())
     lines = [
-        f"bundle        {runtime['bundle']} ({runtime['precision']}, gates {runtime['gates']}), voice {runtime['voice']}, "
-        f"{runtime['frames']} frames, decode group {runtime['decode_group']}, "
+        f"bundle        {runtime['bundle']} ({runtime['kind']} {runtime['precision']}, gates {runtime['gates']}), voice "
+        f"{runtime['voice']}, {runtime['frames']} latents{options}, "
         f"{'one shared thread pool' if runtime['shared_pool_threads'] else 'a thread pool per session'}",
         f"runtime       real-time factor {runtime['real_time_factor']:.3f}, first audio {1000 * runtime['first_audio_seconds']:.0f} ms "
         f"(warm: {1000 * runtime['warm_first_audio_seconds']:.0f} ms), "
-        f"{per_frame:.1f} ms per frame, peak memory {runtime['peak_memory_bytes'] / 1e9:.2f} GB "
+        f"{per_frame:.1f} ms per latent, peak memory {runtime['peak_memory_bytes'] / 1e9:.2f} GB "
         f"({runtime['peak_memory_bytes'] / runtime['weight_bytes']:.2f}x the {runtime['weight_bytes'] / 1e9:.2f} GB of graph weights it loads; "
         f"{runtime['peak_memory_bytes'] / (runtime['weight_bytes'] + runtime['host_tensor_bytes']):.2f}x with the "
         f"{runtime['host_tensor_bytes'] / 1e9:.2f} GB of memory-mapped host tensors)",
-        f"memory        {runtime['weight_bytes_per_frame'] / 1e9:.3f} GB of weights read per frame; at the measured "
+        f"memory        {runtime['weight_bytes_per_frame'] / 1e9:.3f} GB of weights read per latent; at the measured "
         f"{report['bandwidth_bytes_per_second'] / 1e9:.1f} GB/s that is a floor of {runtime['bandwidth_floor_ms_per_frame']:.1f} ms "
-        f"per frame ({per_frame / runtime['bandwidth_floor_ms_per_frame']:.1f}x above it)",
+        f"per latent ({per_frame / runtime['bandwidth_floor_ms_per_frame']:.1f}x above it)",
         "per graph     " + ", ".join(f"{name} {s['ms_per_frame']:.1f} ms ({s['calls']} calls)" for name, s in runtime["graphs"].items()),
+        "over the run  " + _growth_line(runtime),
     ]
     if "reference" in report:
         ref = report["reference"]
         lines.append(f"reference     real-time factor {ref['real_time_factor']:.3f}, first audio {1000 * ref['first_audio_seconds']:.0f} ms, "
-                     f"{1000 * ref['wall_seconds'] / ref['frames']:.1f} ms per frame, peak memory {ref['peak_memory_bytes'] / 1e9:.2f} GB; "
+                     f"{1000 * ref['wall_seconds'] / ref['frames']:.1f} ms per latent, peak memory {ref['peak_memory_bytes'] / 1e9:.2f} GB; "
                      f"the runtime is {ref['wall_seconds'] / runtime['wall_seconds']:.2f}x faster")
+        lines.append("  over the run " + _growth_line(ref))
     return "\n".join(lines)
 
 
+GROWTH_FRAMES = 100  # a tenth of fewer latents is a few decoder groups: too coarse to read a trend from
+
+
+def _growth_line(run: dict) -> str:
+    if run["frames"] < GROWTH_FRAMES:
+        return f"(with --frames {GROWTH_FRAMES} or more: the cost per latent over the first and last tenth, and memory)"
+    growth = run["growth"]
+    first, last = growth["first_tenth_ms_per_latent"], growth["last_tenth_ms_per_latent"]
+    return (f"{first:.1f} ms per latent over the first tenth, {last:.1f} over the last ({last / first:.2f}x); memory "
+            f"{growth['resident_bytes_then'] / 1e9:.2f} GB at latent {growth['memory_from_latent'] + 1}, at most "
+            f"{growth['resident_bytes_max_after'] / 1e9:.2f} GB after ({100 * growth['memory_growth']:+.1f}%)")
+
+
 def plot(report: dict, path: Path) -> None:
-    """When each frame's audio was ready, against the deadline a listener sets from the first audio on."""
+    """When each latent's audio was ready, against the deadline a listener sets from the first audio on; and
+    the time each latent took, against its position in the run."""
     try:
         import matplotlib
 
@@ -168,18 +237,27 @@ def plot(report: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise VibeVoiceError("--plot needs matplotlib (pip install matplotlib)") from None
-    figure, axes = plt.subplots(figsize=(8, 4.5))
+    figure, (ready, cost) = plt.subplots(2, 1, figsize=(8, 8))
     for label, run in (("runtime", report["runtime"]), ("PyTorch reference", report.get("reference"))):
         if run:
             times = np.asarray(run["chunk_times"])
             frames = np.arange(1, len(times) + 1)
-            axes.plot(frames, times, marker=".", label=f"{label}: audio ready")
-            axes.plot(frames, times[0] + (frames - 1) * FRAME_SECONDS, linestyle="--", linewidth=1,
-                      label=f"{label}: playback deadline")
-    axes.set_xlabel("frame (133 ms of audio each)")
-    axes.set_ylabel("seconds since the request")
-    axes.set_title(f"{Path(report['runtime']['bundle']).name}: per-frame latency")
-    axes.legend()
+            ready.plot(frames, times, marker=".", label=f"{label}: audio ready")
+            ready.plot(frames, times[0] + (frames - 1) * FRAME_SECONDS, linestyle="--", linewidth=1,
+                       label=f"{label}: playback deadline")
+            per_latent = 1000 * np.diff(times)
+            # a moving mean over two speech windows at least: decoder groups make single latents jumpy
+            window = max(1, min(len(per_latent), max(12, len(per_latent) // 50)))
+            smooth = np.convolve(per_latent, np.ones(window) / window, mode="valid")
+            cost.plot(np.arange(2, 2 + len(smooth)) + (window - 1) / 2, smooth, label=label)
+    ready.set_xlabel("latent (133 ms of audio each)")
+    ready.set_ylabel("seconds since the request")
+    ready.set_title(f"{Path(report['runtime']['bundle']).name}: per-latent latency")
+    ready.legend()
+    cost.set_xlabel("latent")
+    cost.set_ylabel("ms per latent (moving mean)")
+    cost.set_ylim(bottom=0)
+    cost.legend()
     figure.tight_layout()
     try:
         figure.savefig(path)

@@ -31,6 +31,20 @@ F32 = np.float32
 # After the first frame, frames are decoded this many at a time: the decoder's weights are then read once per
 # group (1.4 GB in fp32 at full size), for audio that arrives in bursts of a group. Measured with `bench`.
 DECODE_GROUP = 3
+BENCH_TEXT = (
+    "VibeVoice turns text into speech one frame at a time. This benchmark measures how fast the ONNX runtime "
+    "speaks compared with the PyTorch reference, on the same weights, with the same voice and the same noise."
+)
+BENCH_SEED = 42
+
+
+def bench_frames(backend, bundle: Bundle, voice: str, frames: int, result: GenerationResult,
+                 decode_group: int = DECODE_GROUP):
+    """What `bench` times, on either backend: exactly `frames` frames of a fixed text, voice and noise (EOS
+    computed, not acted on, so a random checkpoint that would stop early still gives a full run)."""
+    return realtime_frames(backend, bundle.voice(voice), encode_tts_text(bundle.tokenizer, BENCH_TEXT),
+                           NoiseSource.from_seed(BENCH_SEED), 1.5, 5, frames, result, stop_on_eos=False,
+                           decode_group=decode_group)
 
 
 class OnnxRealtimeBackend:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..audio import VoiceSample, frames, voice_from_file
+from ..audio import VoiceSample, voice_from_file
 from ..errors import VibeVoiceError
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
 from ..options import check, check_optional
@@ -26,6 +26,28 @@ from .speech import Speech, TtsModel
 F32 = np.float32
 VOICE_LATENTS = ("sample", "mean")
 VOICE_NOISE_STREAM = 1 << 40  # the voice-prompt noise draws from its own stream of the seed (frames use 0, 1, ...)
+BENCH_SCRIPT = ("Speaker 1: VibeVoice turns a script into speech one latent at a time. This benchmark measures how "
+                "fast the ONNX runtime speaks compared with the PyTorch reference, on the same weights and noise.")
+BENCH_SEED = 42
+
+
+def bench_frames(backend, bundle, voice: str, frames: int, result: LongFormResult, decode_group: int | None = None):
+    """What `bench` times, on either backend: exactly `frames` latents of a one-speaker script (speech start,
+    then speech picked at every step whatever the LM prefers, the cap of twice the prompt's length lifted), the
+    voice's encoder mean and fixed noise, so a random checkpoint gives a full run of any length."""
+    if decode_group is not None:
+        raise VibeVoiceError(f"--decode-group is for realtime bundles; a {bundle.kind} bundle decodes each latent "
+                             "as it is made")
+    sample = bundle.voice(voice)
+    prompt = build_prompt(bundle.tokenizer, parse_script(BENCH_SCRIPT), [sample.frames])
+    ids = TokenIds.from_tokenizer(bundle.tokenizer)
+    noise = NoiseSource.from_seed(BENCH_SEED, bundle.dims.head.latent)
+
+    def latents() -> Iterator[np.ndarray]:  # lazily: the first audio includes encoding the voice and the prefill
+        embeds = prompt_embeddings(backend, prompt, [sample.samples], None)
+        yield from long_form_frames(backend, embeds, ids, noise, 1.3, 10, frames, result, upstream_cap=False,
+                                    choose=lambda step, greedy: ids.start if step == 0 else ids.pad)
+    return latents()
 
 
 class OnnxGuidedLm:
