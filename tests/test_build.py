@@ -27,10 +27,15 @@ def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoin
     assert manifest["source"]["hash"].startswith("sha256:")
     assert manifest["tools"]["torch"] and manifest["tools"]["onnxruntime"]
     lower, upper = manifest["graphs"]["lower_lm"], manifest["graphs"]["upper_lm"]
-    assert [i["name"] for i in lower["inputs"]] == ["inputs_embeds", "attention_mask", "position_ids"] + [
+    assert [i["name"] for i in lower["inputs"]] == ["inputs_embeds", "position_ids", "seqlens_k", "total_sequence_length"] + [
         f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")]
     assert len(upper["outputs"]) == 1 + 2 * 4  # hidden + present K/V of the 4 upper layers
-    assert upper["inputs"][2]["dtype"] == "int64" and upper["inputs"][0]["shape"][-1] == 64
+    assert [upper["inputs"][i]["dtype"] for i in (1, 2, 3)] == ["int64", "int32", "int32"]
+    assert upper["inputs"][0]["shape"][-1] == 64
+    # the cache is attended and written by one GroupQueryAttention per layer (in place when bound so)
+    for name, layers in (("lower_lm", 2), ("upper_lm", 4)):
+        nodes = onnx.load(str(tiny_bundle / manifest["graphs"][name]["file"])).graph.node
+        assert [n.domain for n in nodes if n.op_type == "GroupQueryAttention"] == ["com.microsoft"] * layers
     stream = manifest["graphs"]["acoustic_decoder_stream"]
     assert len(stream["inputs"]) == 1 + len(stream["states"]) == len(stream["outputs"])
     for name, graph in manifest["graphs"].items():

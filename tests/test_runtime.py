@@ -207,3 +207,52 @@ def test_a_bundle_of_another_kind_is_refused(tiny_bundle, tmp_path):
     assert code == 2 and "is a bundle of kind 'asr', which does not speak" in err
     code, _, err = run_cli("speak", tmp_path, TEXT)
     assert code == 2 and "not a complete vibevoice-onnx bundle" in err
+
+
+def test_the_kv_cache_is_written_in_place_grows_by_doubling_and_keeps_row_lengths(tiny_bundle):
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.lm import NEGATIVE, POSITIVE, KvCache, OnnxLm
+
+    lm = OnnxLm(Bundle(tiny_bundle), "upper_lm")
+    rng = np.random.default_rng(0)
+    cache = KvCache(lm, rows=2, capacity=8)
+    buffer, address = cache.buffers[0], cache.buffers[0].ctypes.data
+    lm.run(rng.standard_normal((1, 5, 64), dtype=np.float32), cache, POSITIVE)
+    lm.run(rng.standard_normal((2, 1, 64), dtype=np.float32), cache)
+    assert list(cache.lengths) == [6, 1] and cache.buffers[0] is buffer and buffer.ctypes.data == address
+    written = np.abs(buffer).sum(axis=(1, 3)) > 0  # [rows, capacity]: the positions the graph wrote
+    assert written[0].tolist() == [True] * 6 + [False] * 2 and written[1].tolist() == [True] + [False] * 7
+    before = cache.filled(0)[0].copy()
+    for _ in range(3):
+        lm.run(rng.standard_normal((2, 1, 64), dtype=np.float32), cache)
+    assert cache.capacity == 16 and list(cache.lengths) == [9, 4]  # one copy into twice the room, nothing lost
+    np.testing.assert_array_equal(cache.filled(0)[0][:, :, :6], before)
+    cache.forget(1)
+    lm.run(rng.standard_normal((1, 1, 64), dtype=np.float32), cache, NEGATIVE)
+    assert list(cache.lengths) == [9, 4]
+    with pytest.raises(Exception, match="take one token each"):
+        lm.run(rng.standard_normal((2, 2, 64), dtype=np.float32), cache)
+
+
+def test_the_cache_gate_catches_a_cache_that_is_not_written_in_place(tiny_bundle, realtime_reference, monkeypatch):
+    """The in-place path bound to a copy of the cache: each step's keys and values are lost."""
+    import torch
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.lm import OnnxLm
+    from vibevoice_onnx.verify.common import Probe, cache_gate
+
+    lm = OnnxLm(Bundle(tiny_bundle), "upper_lm")
+    probe = Probe(lambda ids: realtime_reference.embed_text(torch.from_numpy(ids)).detach().numpy(), 512)
+    assert cache_gate("upper_lm", lm, probe).passed
+    in_place = OnnxLm._in_place
+
+    def on_a_copy(self, feeds, cache, rows):
+        saved = cache.buffers
+        cache.buffers = [b.copy() for b in saved]
+        try:
+            return in_place(self, feeds, cache, rows)
+        finally:
+            cache.buffers = saved
+    monkeypatch.setattr(OnnxLm, "_in_place", on_a_copy)
+    assert not cache_gate("upper_lm", lm, probe).passed

@@ -34,7 +34,7 @@ def test_bundle_holds_every_graph_and_no_vocab_wide_head(tiny_15b_bundle):
     assert tiny_15b_bundle.parts[-2:] == ("1.5b", "cpu_fp32") and manifest["model_kind"] == "1.5b"
     assert set(manifest["graphs"]) == GRAPHS
     lm = manifest["graphs"]["lm"]
-    assert [i["name"] for i in lm["inputs"][:3]] == ["inputs_embeds", "attention_mask", "position_ids"]
+    assert [i["name"] for i in lm["inputs"][:4]] == ["inputs_embeds", "position_ids", "seqlens_k", "total_sequence_length"]
     assert len(lm["outputs"]) == 1 + 2 * 2  # hidden + present K/V of the 2 tiny layers
     assert [i["name"] for i in manifest["graphs"]["acoustic_encoder"]["inputs"]] == ["audio"]
     stream = manifest["graphs"]["semantic_encoder_stream"]

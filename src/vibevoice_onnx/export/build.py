@@ -26,7 +26,8 @@ from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
 from .graphs import OPSET, export_graph
 
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
-_ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT16: "float16"}
+_ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
+               onnx.TensorProto.FLOAT16: "float16"}
 
 
 def log(message: str) -> None:

@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from torch.export import Dim
 from transformers import AttentionInterface
-from transformers.cache_utils import DynamicCache
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..checkpoints.configs import HeadDims, QwenDims
 from ..reference.modules import ConvState, UpstreamPadding, conv_state_specs
@@ -30,41 +28,92 @@ def kv_names(layers: int, prefix: str) -> list[str]:
     return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
 
-GROUPED_ATTENTION = "vibevoice_grouped"
+# --- attention over a fixed-capacity KV cache: onnxruntime's GroupQueryAttention (com.microsoft) ---------------
+#
+# The LM graphs attend with one GroupQueryAttention node per layer. It takes the new tokens' (rotated) keys and
+# values, the past cache [B, KV, capacity, D] and each row's length, writes the new keys and values into the
+# cache at each row's length and attends over the filled part. When the runtime binds a layer's past and present
+# to the same memory, that write is in place: a step costs its attention, not a copy of the whole cache (facts
+# sheet 12.12, item 8: a shared buffer is flat in memory). The KV heads are not repeated (in the kernel), rows keep
+# lengths of their own (no padding masks), and the causal mask over the new tokens is the kernel's.
+
+@torch.library.custom_op("vibevoice::group_query_attention", mutates_args=())
+def group_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
+                          past_value: torch.Tensor, seqlens_k: torch.Tensor, total_sequence_length: torch.Tensor,
+                          num_heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    raise NotImplementedError("traced for export only: onnxruntime's GroupQueryAttention computes it")
 
 
-def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Grouped-query attention without repeating the KV heads: the query heads that share a KV head are stacked
-    as extra query rows. What torch's SDPA exports instead (each KV head expanded to its query heads, then the
-    keys transposed) copies the whole cache three times per layer and step: a 7B decode step spent a quarter of
-    its time there. Same numbers as SDPA (the gates compare with the SDPA reference)."""
+@group_query_attention.register_fake
+def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, num_heads, kv_heads, scale):
+    return query.new_empty(query.shape), past_key.new_empty(past_key.shape), past_value.new_empty(past_value.shape)
+
+
+def _group_query_attention_op():
+    """onnxscript's handle on the com.microsoft op, with the part of its schema these graphs use."""
+    import onnxscript
+    from onnx.defs import OpSchema
+
+    formal, attribute = OpSchema.FormalParameter, OpSchema.Attribute
+    schema = OpSchema(
+        "GroupQueryAttention", "com.microsoft", 1,
+        inputs=[formal(n, "T") for n in ("query", "key", "value", "past_key", "past_value")]
+        + [formal(n, "M") for n in ("seqlens_k", "total_sequence_length")],
+        outputs=[formal(n, "T") for n in ("output", "present_key", "present_value")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[attribute("num_heads", OpSchema.AttrType.INT, ""), attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
+                    attribute("scale", OpSchema.AttrType.FLOAT, "")])
+    return onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), "GroupQueryAttention", schema)
+
+
+def _translate_group_query_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                                     num_heads: int, kv_heads: int, scale: float):
+    return _group_query_attention_op()(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                                       num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
+
+
+CUSTOM_TRANSLATIONS = {torch.ops.vibevoice.group_query_attention.default: _translate_group_query_attention}
+CACHE_ATTENTION = "vibevoice_cache"
+
+
+class _CacheInputs:
+    """What one traced call of LanguageModelGraph gives its layers' attention: the past per layer, each row's
+    length after the call and the longest; it collects each layer's present. transformers' layers hand their new
+    keys and values to `update` and attend to what it returns: here, the new ones only (the op holds the past)."""
+
+    active: list["_CacheInputs"] = []
+
+    def __init__(self, past, seqlens_k, total):
+        self.past, self.seqlens_k, self.total, self.present = past, seqlens_k, total, {}
+
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        return key, value
+
+    def get_seq_length(self, *args, **kwargs) -> int:
+        return 0  # positions are explicit inputs
+
+
+def cache_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' attention interface on GroupQueryAttention: q [B, H, S, D], k and v [B, KV, S, D] (rotated)."""
+    inputs, layer = _CacheInputs.active[-1], module.layer_idx
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    query = (query * scaling).reshape(batch, kv_heads, groups * length, dim)
-    scores = torch.matmul(query, key.transpose(-1, -2)).reshape(batch, kv_heads, groups, length, -1)
-    # Boolean mask [B, 1, S, P+S]; fully masked rows (left padding) get a uniform softmax, not NaN: unused rows.
-    scores = torch.where(attention_mask[:, :, None], scores, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1).reshape(batch, kv_heads, groups * length, -1)
-    output = torch.matmul(probs, value).reshape(batch, heads, length, dim)
-    return output.transpose(1, 2), None
+    packed = [t.transpose(1, 2).reshape(batch, length, -1) for t in (query, key, value)]
+    output, present_key, present_value = torch.ops.vibevoice.group_query_attention(
+        *packed, inputs.past[2 * layer], inputs.past[2 * layer + 1], inputs.seqlens_k, inputs.total, heads, kv_heads,
+        float(scaling))
+    inputs.present[layer] = (present_key, present_value)
+    return output.reshape(batch, length, heads, dim), None
 
 
-def _always_masked(**kwargs):
-    # A mask even where SDPA could rely on is_causal: grouped_attention always takes one.
-    return sdpa_mask(**{**kwargs, "allow_is_causal_skip": False})
-
-
-AttentionInterface.register(GROUPED_ATTENTION, grouped_attention)
-AttentionMaskInterface.register(GROUPED_ATTENTION, _always_masked)
+AttentionInterface.register(CACHE_ATTENTION, cache_attention)
 
 
 class LanguageModelGraph(nn.Module):
-    """One Qwen2 stack with its KV cache as inputs (past length P may be 0) and outputs (length P+S).
-
-    The attention mask [B, P+S] lets the runtime batch the positive and negative CFG streams, the shorter
-    one left-padded (mask 0); position ids are explicit because the two streams sit at different positions.
-    """
+    """One Qwen2 stack over a KV cache of fixed capacity: inputs_embeds [B, S, H] and position_ids [B, S],
+    seqlens_k [B] (each row's cached length after this call, minus one: GroupQueryAttention's convention),
+    total_sequence_length (the longest row's), past K/V per layer [B, KV, capacity, D]; outputs the hidden
+    states and the present K/V (the same capacity: the runtime binds them to the past's memory)."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -74,16 +123,19 @@ class LanguageModelGraph(nn.Module):
         self.lm._modules["embed_tokens"] = None
         self.layers = len(lm.layers)
 
-    def forward(self, inputs_embeds, attention_mask, position_ids, *past):
-        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.layers)])
+    def forward(self, inputs_embeds, position_ids, seqlens_k, total_sequence_length, *past):
+        inputs = _CacheInputs(past, seqlens_k, total_sequence_length)
         config = self.lm.config  # shared with the reference, which keeps SDPA: switched for this call only
-        reference_attention, config._attn_implementation = config._attn_implementation, GROUPED_ATTENTION
+        reference_attention, config._attn_implementation = config._attn_implementation, CACHE_ATTENTION
+        _CacheInputs.active.append(inputs)
         try:
-            out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True)
+            # A mapping for the mask skips transformers' mask building: the kernel masks by lengths.
+            out = self.lm(inputs_embeds=inputs_embeds, attention_mask={"full_attention": None}, position_ids=position_ids,
+                          past_key_values=inputs, use_cache=True)
         finally:
             config._attn_implementation = reference_attention
-        return (out.last_hidden_state, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+            _CacheInputs.active.pop()
+        return (out.last_hidden_state, *[t for layer in range(self.layers) for t in inputs.present[layer]])
 
 
 class OverlapAddUpsampler(nn.Module):
@@ -185,20 +237,23 @@ def encoder_spec(name: str, encoder: nn.Module, hop: int, generator: torch.Gener
                      ["audio"], ["latents"], ({0: BATCH, 2: samples},))
 
 
+LM_INPUTS = ["inputs_embeds", "position_ids", "seqlens_k", "total_sequence_length"]
+
+
 def lm_spec(name: str, lm: nn.Module, q: QwenDims, generator: torch.Generator) -> GraphSpec:
-    """A Qwen2 stack with KV cache, batched rows of their own positions and mask (see LanguageModelGraph)."""
+    """A Qwen2 stack over a fixed-capacity KV cache, rows of their own lengths (see LanguageModelGraph)."""
     seq = Dim("sequence", min=1, max=q.max_positions)
-    past = Dim("past_sequence", min=0, max=q.max_positions)
-    example_past = tuple(torch.randn(2, q.kv_heads, 5, q.head_dim, generator=generator) for _ in range(2 * q.layers))
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[1, :2] = 0
+    capacity = Dim("capacity", min=1, max=q.max_positions)
+    example_past = tuple(torch.zeros(2, q.kv_heads, 16, q.head_dim) for _ in range(2 * q.layers))
     return GraphSpec(
         name,
         LanguageModelGraph(lm),
-        (torch.randn(2, 3, q.hidden, generator=generator), mask, torch.arange(5, 8)[None].repeat(2, 1), *example_past),
-        ["inputs_embeds", "attention_mask", "position_ids", *kv_names(q.layers, "past_key_values")],
+        # two rows taking a 3-token prompt each (onnxruntime's kernel takes several tokens per row only then)
+        (torch.randn(2, 3, q.hidden, generator=generator), torch.arange(3)[None].repeat(2, 1),
+         torch.tensor([2, 2], dtype=torch.int32), torch.tensor(3, dtype=torch.int32), *example_past),
+        [*LM_INPUTS, *kv_names(q.layers, "past_key_values")],
         ["hidden_states", *kv_names(q.layers, "present")],
-        ({0: BATCH, 1: seq}, {0: BATCH, 1: Dim.AUTO}, {0: BATCH, 1: seq}, tuple({0: BATCH, 2: past} for _ in example_past)),
+        ({0: BATCH, 1: seq}, {0: BATCH, 1: seq}, {0: BATCH}, {}, tuple({0: BATCH, 2: capacity} for _ in example_past)),
     )
 
 
@@ -326,6 +381,7 @@ def trace(spec: GraphSpec, optimize: bool = True):
             dynamic_shapes=spec.dynamic,
             opset_version=OPSET,
             optimize=optimize,
+            custom_translation_table=CUSTOM_TRANSLATIONS,
             verbose=False,
         )
 

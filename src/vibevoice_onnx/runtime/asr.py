@@ -17,7 +17,7 @@ from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, tr
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
 from .bundle import Bundle
-from .lm import OnnxLm, StreamingConv, empty_cache
+from .lm import KvCache, OnnxLm, StreamingConv
 
 F32 = np.float32
 ASR_KINDS = ("asr", "asr-hf")
@@ -67,7 +67,7 @@ class OnnxAsrBackend:
         return self.sessions["audio_connector"].run(None, {"acoustic_latents": acoustic, "semantic_latents": semantic})[0]
 
     def lm_stream(self) -> LmStream:
-        return LmStream(self.lm.unbatched, empty_cache(self.bundle, "lm"), 0)
+        return LmStream(self.lm.unbatched, KvCache(self.lm), 0)
 
     def logits(self, hidden):
         return self.sessions["lm_head"].run(None, {"hidden_states": np.ascontiguousarray(hidden, dtype=F32)})[0][0]

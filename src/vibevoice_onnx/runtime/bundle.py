@@ -15,7 +15,8 @@ from ..errors import BundleError, VibeVoiceError
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
 
-FORMAT_VERSION = 3  # 2: the diffusion head split in two graphs; 3: one streaming decoder graph serves every decode
+FORMAT_VERSION = 4  # 2: the diffusion head split in two graphs; 3: one streaming decoder graph serves every decode;
+# 4: LM graphs over fixed-capacity KV caches written in place (GroupQueryAttention)
 MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
 VOICES = "voices"
@@ -162,17 +163,23 @@ def cpu_session_options(threads: int | None = None):
 
 
 class _TimedSession:
-    """An onnxruntime session whose run() calls are timed into `timings[name]`."""
+    """An onnxruntime session whose runs (plain or with IO binding) are timed into `timings[name]`."""
 
     def __init__(self, name: str, session, timings: dict):
         self.name, self.session, self.timings = name, session, timings
 
     def run(self, *args, **kwargs):
+        return self._timed(self.session.run, *args, **kwargs)
+
+    def run_with_iobinding(self, *args, **kwargs):
+        return self._timed(self.session.run_with_iobinding, *args, **kwargs)
+
+    def _timed(self, run, *args, **kwargs):
         import time
 
         start = time.perf_counter()
         try:
-            return self.session.run(*args, **kwargs)
+            return run(*args, **kwargs)
         finally:
             self.timings.setdefault(self.name, []).append(time.perf_counter() - start)
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import VibeVoiceError
 from .bundle import Bundle
 
 F32 = np.float32
@@ -17,104 +18,146 @@ def flat_cache(layers) -> list[np.ndarray]:
     return [np.ascontiguousarray(t, dtype=F32) for pair in layers for t in pair]
 
 
-def empty_cache(bundle: Bundle, name: str, batch: int = 1) -> list[np.ndarray]:
-    """A zero-length KV cache for graph `name`, from the shapes its manifest entry records."""
-    past = bundle.graph(name)["inputs"][3:]
-    return [np.zeros((batch, p["shape"][1], 0, p["shape"][3]), F32) for p in past]
+ALL_ROWS, POSITIVE, NEGATIVE = slice(None), slice(0, 1), slice(1, 2)
+MIN_CAPACITY = 256  # positions a cache starts with; it doubles when a step would pass it
 
 
-class OnnxLm:
-    """One LM graph: inputs_embeds, attention_mask, position_ids and the past K/V -> hidden and present K/V."""
+class KvCache:
+    """The KV cache of one LM graph for `rows` streams, each of its own length, in one buffer per layer's K and
+    V of a fixed capacity [rows, KV, capacity, D]. Row r holds its positions [0, lengths[r]); what lies beyond
+    is never read. In place (the runtime's form), the graph writes each step's keys and values into these
+    buffers (past and present bound to the same memory), so a step costs its attention over the filled part
+    and no copy of what came before; the capacity doubles (one copy) only when a step would pass it. Not in
+    place (`in_place=False`, the growing form verify gates it against), every call returns a longer copy, as
+    the graphs' caches grew before. Zeroed buffers cost memory only where written."""
 
-    def __init__(self, bundle: Bundle, name: str):
-        self.session = bundle.session(name)
-        self.kv_inputs = [i["name"] for i in bundle.graph(name)["inputs"][3:]]
+    def __init__(self, lm: "OnnxLm", rows: int = 1, capacity: int = MIN_CAPACITY, in_place: bool = True):
+        self.lm, self.in_place = lm, in_place
+        self.lengths = np.zeros(rows, np.int64)
+        self.buffers = [np.zeros((rows, heads, capacity if in_place else 0, dim), F32) for heads, dim in lm.kv_shapes]
 
-    def run(self, embeds, mask, positions, cache):
-        feeds = {"inputs_embeds": np.ascontiguousarray(embeds, dtype=F32), "attention_mask": mask, "position_ids": positions}
-        feeds.update(zip(self.kv_inputs, cache))
-        hidden, *present = self.session.run(None, feeds)
-        return hidden, present
-
-    def unbatched(self, embeds, positions, cache):
-        """A batch-1 stream without padding: every cached position is attended to."""
-        mask = np.ones((1, cache[0].shape[2] + embeds.shape[1]), np.int64)
-        return self.run(embeds, mask, positions, cache)
-
-
-def _left_pad(cache: np.ndarray, count: int) -> np.ndarray:
-    if count == 0:
+    @classmethod
+    def of_streams(cls, lm: "OnnxLm", streams: list[list[np.ndarray]], in_place: bool = True) -> "KvCache":
+        """A cache whose row r starts as stream r's flat K/V list ([1, KV, P_r, D] each; a voice preset's)."""
+        longest = max(stream[0].shape[2] for stream in streams)
+        cache = cls(lm, len(streams), max(MIN_CAPACITY, 2 * longest) if in_place else 0, in_place)
+        cache.reserve(longest)
+        for row, stream in enumerate(streams):
+            length = stream[0].shape[2]
+            for buffer, tensor in zip(cache.buffers, stream):
+                buffer[row, :, :length] = tensor[0]
+            cache.lengths[row] = length
         return cache
-    pad = np.zeros(cache.shape[:2] + (count,) + cache.shape[3:], cache.dtype)
-    return np.concatenate([pad, cache], axis=2)
-
-
-class BatchedGuidedStreams:
-    """Both CFG streams of an LM in one batch-2 call per step: the weights are read once.
-
-    Row 0 is the positive stream, row 1 the negative; the shorter cache is left-padded and masked out. A step
-    may leave a row inactive: that row gets a masked placeholder position, so both rows keep one cache length
-    and the next step batches again. verify gates this against two separate reference streams.
-    """
-
-    def __init__(self, lm: OnnxLm, positive: list[np.ndarray], negative: list[np.ndarray]):
-        self.lm = lm
-        lengths = [positive[0].shape[2], negative[0].shape[2]]
-        total = max(lengths)
-        self.cache = [np.concatenate([_left_pad(p, total - lengths[0]), _left_pad(n, total - lengths[1])], axis=0)
-                      for p, n in zip(positive, negative)]
-        self.mask = np.array([[0] * (total - n) + [1] * n for n in lengths], np.int64)
-        self.positions = lengths
 
     @property
-    def position(self) -> int:
-        return self.positions[0]
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2]
 
-    def step(self, embeds: np.ndarray, active: list[int]) -> np.ndarray:
-        """Run both rows on `embeds` [2, S, H]; a row with active 0 is computed but leaves no trace."""
-        count = embeds.shape[1]
-        mask = np.concatenate([self.mask, np.array([[a] * count for a in active], np.int64)], axis=1)
-        positions = np.array([np.arange(p, p + count) for p in self.positions], np.int64)
-        if sum(active) == 1:
-            hidden = self._one_row(active.index(1), embeds, mask, positions)
-        else:
-            hidden, self.cache = self.lm.run(embeds, mask, positions, self.cache)
-        self.mask = mask
-        self.positions = [p + count * a for p, a in zip(self.positions, active)]
-        return hidden[:, -1]
+    def reserve(self, length: int) -> None:
+        if length <= self.capacity:
+            return
+        grown = max(length, 2 * self.capacity) if self.in_place else length
+        for i, old in enumerate(self.buffers):  # one layer at a time, each old buffer freed once copied
+            new = np.zeros(old.shape[:2] + (grown,) + old.shape[3:], F32)
+            new[:, :, : old.shape[2]] = old
+            self.buffers[i] = new
 
-    def _one_row(self, row: int, embeds, mask, positions) -> np.ndarray:
-        """A step only `row` takes (text into the positive stream): run that row alone, for half the compute
-        of a batch-2 call (a text window is several tokens, where the quantized kernels are compute-bound);
-        the other row gets zero placeholders, masked out like an inactive row's. Its hidden rows stay zero."""
-        one = slice(row, row + 1)
-        hidden, present = self.lm.run(embeds[one], mask[one], positions[one], [c[one] for c in self.cache])
-        count = embeds.shape[1]
-        for i, old in enumerate(self.cache):  # layer by layer, each old and present tensor freed once copied
-            both = np.zeros(old.shape[:2] + (old.shape[2] + count,) + old.shape[3:], old.dtype)
-            both[1 - row, :, : old.shape[2]] = old[1 - row]
-            both[row] = present[i][0]
-            self.cache[i], present[i] = both, None
-        out = np.zeros((2,) + hidden.shape[1:], hidden.dtype)
-        out[row] = hidden[0]
-        return out
+    def filled(self, row: int = 0) -> list[np.ndarray]:
+        """Row `row`'s cached K/V, [1, KV, length, D] each (views)."""
+        return [buffer[row : row + 1, :, : self.lengths[row]] for buffer in self.buffers]
 
     def forget(self, row: int, steps: int = 1) -> None:
-        """Mask out the last `steps` positions of `row` and take back its position counter."""
-        self.mask[row, -steps:] = 0
-        self.positions[row] -= steps
+        """Take back the last `steps` positions of `row`: the next step overwrites them."""
+        self.lengths[row] -= steps
 
     def restart(self, row: int) -> None:
         """Forget everything `row` has seen: its next token sits at position 0 and attends to itself only."""
-        self.mask[row, :] = 0
-        self.positions[row] = 0
+        self.lengths[row] = 0
+
+
+class OnnxLm:
+    """One LM graph over a KvCache: inputs_embeds, position_ids, seqlens_k, total_sequence_length and the past
+    K/V -> hidden states and the present K/V (see export.graphs.LanguageModelGraph)."""
+
+    def __init__(self, bundle: Bundle, name: str):
+        self.name, self.session = name, bundle.session(name)
+        inputs, outputs = bundle.graph(name)["inputs"], bundle.graph(name)["outputs"]
+        if [i["name"] for i in inputs[:2]] != ["inputs_embeds", "position_ids"] or inputs[2]["name"] != "seqlens_k":
+            raise VibeVoiceError(f"{bundle.path}: graph {name} is not an LM over a fixed-capacity cache; rebuild the bundle")
+        self.past = [i["name"] for i in inputs[4:]]
+        self.present = [o["name"] for o in outputs[1:]]
+        self.kv_shapes = [(i["shape"][1], i["shape"][3]) for i in inputs[4:]]
+
+    def run(self, embeds: np.ndarray, cache: KvCache, rows: slice = ALL_ROWS) -> np.ndarray:
+        """The rows `rows` of `cache` take `embeds` [rows, S, H] at their next positions: hidden [rows, S, H].
+        Several rows take one token each; a row alone takes any number (onnxruntime's kernel allows no more)."""
+        count, lengths = embeds.shape[1], cache.lengths[rows]
+        if count > 1 and len(lengths) > 1 and lengths.any():
+            raise VibeVoiceError(f"{self.name}: {len(lengths)} rows with a cache take one token each, not {count}")
+        total = int(lengths.max()) + count
+        cache.reserve(total)
+        feeds = {"inputs_embeds": np.ascontiguousarray(embeds, dtype=F32),
+                 "position_ids": (lengths[:, None] + np.arange(count)).astype(np.int64),
+                 "seqlens_k": (lengths + count - 1).astype(np.int32),
+                 "total_sequence_length": np.array(total, np.int32)}
+        hidden = self._in_place(feeds, cache, rows) if cache.in_place else self._growing(feeds, cache, rows, total)
+        cache.lengths[rows] += count
+        return hidden
+
+    def _in_place(self, feeds: dict, cache: KvCache, rows: slice) -> np.ndarray:
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for past, present, buffer in zip(self.past, self.present, cache.buffers):
+            view = buffer[rows]  # rows are the outermost axis: a contiguous block of the buffer
+            binding.bind_input(past, "cpu", 0, F32, view.shape, view.ctypes.data)
+            binding.bind_output(present, "cpu", 0, F32, view.shape, view.ctypes.data)
+        binding.bind_output("hidden_states")
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[-1].numpy()  # outputs come in binding order: the hidden states last
+
+    def _growing(self, feeds: dict, cache: KvCache, rows: slice, total: int) -> np.ndarray:
+        feeds.update(zip(self.past, (buffer[rows] for buffer in cache.buffers)))
+        hidden, *present = self.session.run(None, feeds)
+        cache.reserve(total)
+        for buffer, new in zip(cache.buffers, present):
+            buffer[rows, :, : new.shape[2]] = new
+        return hidden
+
+    def unbatched(self, embeds, positions, cache: KvCache):
+        """generation.common.LmStream's `run`: a one-row cache, written in place (positions are its length)."""
+        if positions[0, 0] != cache.lengths[0]:
+            raise VibeVoiceError(f"{self.name}: position {positions[0, 0]} is not the cache's length {cache.lengths[0]}")
+        return self.run(embeds, cache), cache
+
+
+class BatchedGuidedStreams:
+    """Both CFG streams of an LM in one batch-2 call per speech step (the weights are read once): row 0 of the
+    cache is the positive stream, row 1 the negative, each at its own length. Text goes to the positive row
+    alone. verify gates this against the two streams run separately."""
+
+    def __init__(self, lm: OnnxLm, cache: KvCache):
+        self.lm, self.cache = lm, cache
+
+    @property
+    def position(self) -> int:
+        return int(self.cache.lengths[0])
 
     def text(self, embeds):
-        return self.step(np.concatenate([embeds, np.zeros_like(embeds)]), [1, 0])[0:1]
+        return self.lm.run(embeds, self.cache, POSITIVE)[:, -1]
+
+    def negative(self, embeds):
+        return self.lm.run(embeds, self.cache, NEGATIVE)[:, -1]
 
     def speech(self, embeds):
-        hidden = self.step(np.concatenate([embeds, embeds]), [1, 1])
+        hidden = self.lm.run(np.concatenate([embeds, embeds]), self.cache)[:, -1]
         return hidden[0:1], hidden[1:2]
+
+    def forget(self, row: int, steps: int = 1) -> None:
+        self.cache.forget(row, steps)
+
+    def restart(self, row: int) -> None:
+        self.cache.restart(row)
 
 
 class OnnxDiffusionHead:

@@ -24,7 +24,7 @@ from ..sampling import NoiseSource
 from ..script import assign_voices, parse_script
 from ..text import TextFeed, encode_tts_text
 from .bundle import Bundle
-from .lm import BatchedGuidedStreams, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
+from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -69,19 +69,17 @@ class OnnxRealtimeBackend:
     def type_embedding(self, index):
         return self.types[index]
 
-    @staticmethod
-    def flat_cache(layers) -> list[np.ndarray]:
-        return flat_cache(layers)
-
-    def unbatched(self, name):
-        """`run(embeds, positions, cache)` for a batch-1 stream without padding."""
-        return self.lms[name].unbatched
+    def stream(self, name: str, layers, in_place: bool = True) -> LmStream:
+        """One stream of LM `name` from a voice prompt's (K, V) per layer."""
+        lm = self.lms[name]
+        return LmStream(lm.unbatched, KvCache.of_streams(lm, [flat_cache(layers)], in_place), layers[0][0].shape[2])
 
     def text_stream(self, layers):
-        return LmStream(self.unbatched("lower_lm"), self.flat_cache(layers), layers[0][0].shape[2])
+        return self.stream("lower_lm", layers)
 
     def guided_streams(self, positive, negative):
-        return BatchedGuidedStreams(self.lms["upper_lm"], flat_cache(positive), flat_cache(negative))
+        lm = self.lms["upper_lm"]
+        return BatchedGuidedStreams(lm, KvCache.of_streams(lm, [flat_cache(positive), flat_cache(negative)]))
 
     def velocity(self, noisy, timesteps, conditions):
         return self.head.velocity(noisy, timesteps, conditions)

@@ -20,7 +20,7 @@ from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prom
 from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import assign_voices, build_prompt, parse_script
-from .lm import BatchedGuidedStreams, OnnxDiffusionHead, OnnxLm, StreamingConv, empty_cache
+from .lm import MIN_CAPACITY, POSITIVE, BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -55,33 +55,33 @@ class OnnxGuidedLm:
 
     Upstream runs the negative stream only after the positive one has picked `<|vision_pad|>`, on the same
     input. Here every step after the prompt runs both rows at once (the weights are read once); when the pick
-    is not `<|vision_pad|>`, the negative row's new position is masked out again, which leaves it as if it had
-    never run. A `<|vision_start|>` masks the whole negative row, so its next token sits at position 0 alone.
+    is not `<|vision_pad|>`, the negative row's new position is taken back, which leaves it as if it had
+    never run. A `<|vision_start|>` empties the negative row, so its next token sits at position 0 alone.
     """
 
-    def __init__(self, lm: OnnxLm, empty: list[np.ndarray]):
-        self.lm, self.empty = lm, empty
+    def __init__(self, lm: OnnxLm, in_place: bool = True):
+        self.lm, self.in_place = lm, in_place
         self.streams: BatchedGuidedStreams | None = None
         self.speculated: tuple[np.ndarray, np.ndarray] | None = None  # (input, negative hidden) of the last step
 
     def prefill(self, embeds):
-        length = embeds.shape[1]
-        hidden, present = self.lm.unbatched(embeds, np.arange(length, dtype=np.int64)[None], self.empty)
-        self.streams = BatchedGuidedStreams(self.lm, present, self.empty)
+        cache = KvCache(self.lm, 2, max(MIN_CAPACITY, 2 * embeds.shape[1]), self.in_place)
+        hidden = self.lm.run(embeds, cache, POSITIVE)
+        self.streams = BatchedGuidedStreams(self.lm, cache)
         return hidden[:, -1]
 
     def positive(self, embed):
         self._drop_speculation()
-        hidden = self.streams.step(np.concatenate([embed, embed]), [1, 1])
-        self.speculated = (embed, hidden[1:2])
-        return hidden[0:1]
+        hidden, negative = self.streams.speech(embed)
+        self.speculated = (embed, negative)
+        return hidden
 
     def negative(self, embed):
         if self.speculated is not None and self.speculated[0] is embed:
             hidden, self.speculated = self.speculated[1], None
             return hidden
         self._drop_speculation()
-        return self.streams.step(np.concatenate([np.zeros_like(embed), embed]), [0, 1])[1:2]
+        return self.streams.negative(embed)
 
     def restart_negative(self):
         self._drop_speculation()
@@ -119,7 +119,7 @@ class OnnxTts15bBackend:
         return self.embed_table[ids].astype(F32) @ hidden[0].astype(F32)
 
     def guided_lm(self):
-        return OnnxGuidedLm(self.lm, empty_cache(self.bundle, "lm"))
+        return OnnxGuidedLm(self.lm)
 
     def velocity(self, noisy, timesteps, conditions):
         return self.head.velocity(noisy, timesteps, conditions)

@@ -17,7 +17,6 @@ from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
-from ..runtime.lm import empty_cache
 from ..transcription import build_asr_prompt
 from .common import Gate, Limits, Probe, compare, cosine, lm_gates
 
@@ -40,7 +39,7 @@ def verification_audio(voice: str | None) -> tuple[np.ndarray, str]:
 def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend, limit: float) -> list[Gate]:
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
-    gates = lm_gates("lm", parts.language_model, runtime.lm, empty_cache(bundle, "lm"), probe, limit)
+    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limit)
     hidden = probe.normal(3, dims.lm.hidden)
     gates.append(compare("lm_head", [np.stack([runtime.logits(h[None]) for h in hidden])],
                          [reference.model.lm_head(as_tensor(hidden)).numpy()], min_cosine=limit))

@@ -21,7 +21,7 @@ from ..errors import VibeVoiceError
 from ..outputs import atomic_file
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import MANIFEST, Bundle
-from ..runtime.lm import OnnxLm, StreamingConv, flat_cache
+from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
 
 MIN_COSINE = 0.99  # a graph against itself (KV incremental == prefill, streamed == whole) at any precision
 SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
@@ -152,29 +152,57 @@ def lm_step(lm, embeds: np.ndarray, positions: np.ndarray, cache: DynamicCache) 
     return out.last_hidden_state.numpy()
 
 
-def lm_gates(name: str, lm, onnx_lm: OnnxLm, empty: list[np.ndarray], probe: Probe, min_cosine: float,
+def lm_gates(name: str, lm, onnx_lm: OnnxLm, probe: Probe, min_cosine: float,
              steps: tuple[tuple[int, int], ...] = ((11, 5), (16, 1))) -> list[Gate]:
-    """An LM graph against its reference on (past, new) token counts, and its own KV incremental == prefill."""
+    """An LM graph against its reference on (past, new) token counts, its own KV incremental == prefill, and
+    its fixed-capacity cache written in place == the same graph's growing cache."""
     gates = []
     for past, new in steps:
         cache = probe.prefilled(lm, past)
-        flat_past = flat_cache(cache_layers(cache))
+        ours = KvCache.of_streams(onnx_lm, [flat_cache(cache_layers(cache))])
         embeds, positions = probe.tokens(new), np.arange(past, past + new, dtype=np.int64)[None]
         reference = lm_step(lm, embeds, positions, cache)
-        hidden, present = onnx_lm.unbatched(embeds, positions, flat_past)
-        gates.append(compare(f"{name} (past {past}, new {new})", [hidden, *present],
+        hidden = onnx_lm.run(embeds, ours)
+        gates.append(compare(f"{name} (past {past}, new {new})", [hidden, *ours.filled()],
                              [reference, *flat_cache(cache_layers(cache))], min_cosine=min_cosine))
     length, prefix = 8, 3
     embeds = probe.tokens(length)
-    full, full_present = onnx_lm.unbatched(embeds, np.arange(length)[None], empty)
-    hidden, cache = onnx_lm.unbatched(embeds[:, :prefix], np.arange(prefix)[None], empty)
-    pieces = [hidden]
-    for i in range(prefix, length):
-        hidden, cache = onnx_lm.unbatched(embeds[:, i : i + 1], np.array([[i]]), cache)
-        pieces.append(hidden)
+    whole, stepped = KvCache(onnx_lm), KvCache(onnx_lm)
+    full = onnx_lm.run(embeds, whole)
+    pieces = [onnx_lm.run(embeds[:, :prefix], stepped)] + [onnx_lm.run(embeds[:, i : i + 1], stepped)
+                                                           for i in range(prefix, length)]
     gates.append(compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
-                         [np.concatenate(pieces, axis=1), *cache], [full, *full_present]))
+                         [np.concatenate(pieces, axis=1), *stepped.filled()], [full, *whole.filled()]))
+    gates.append(cache_gate(name, onnx_lm, probe))
     return gates
+
+
+SAME_PATH_COSINE = 0.99999  # one graph on two paths that must give the same numbers (float rounding apart)
+# Each step of cache_gate: (rows, tokens), or a row's cache taken back or emptied. What the loops do: a prompt
+# into the positive row, both CFG rows one token (the negative from nothing), a text window into one row, a
+# speculation taken back, a restart, steps past the capacity (it grows twice), a row alone.
+CACHE_SCRIPT = ((POSITIVE, 6), (ALL_ROWS, 1), (POSITIVE, 3), ("forget", 1), (ALL_ROWS, 1), ("restart", 1),
+                (ALL_ROWS, 1), (ALL_ROWS, 1), (ALL_ROWS, 1), (NEGATIVE, 1), (ALL_ROWS, 1))
+
+
+def cache_gate(name: str, onnx_lm: OnnxLm, probe: Probe) -> Gate:
+    """The runtime's cache (fixed capacity, written in place, starting small so it grows) against the same
+    graph returning a longer copy each call, as caches grew before: hidden states and both rows' caches."""
+    caches = [KvCache(onnx_lm, 2, capacity=4), KvCache(onnx_lm, 2, in_place=False)]
+    probe = Probe(probe.embed, probe.vocab, seed=1)  # its own draws: the other gates' inputs stay as they were
+    outputs: list[list[np.ndarray]] = [[], []]
+    for rows, count in CACHE_SCRIPT:
+        if rows in ("forget", "restart"):
+            for cache in caches:
+                getattr(cache, rows)(count)
+            continue
+        embeds = np.concatenate([probe.tokens(count) for _ in range(2)])[rows]
+        for cache, out in zip(caches, outputs):
+            out.append(onnx_lm.run(embeds, cache, rows))
+    for cache, out in zip(caches, outputs):
+        out += cache.filled(0) + cache.filled(1)
+    return compare(f"{name}: fixed-capacity cache (in place) == growing cache ({len(CACHE_SCRIPT)} steps)",
+                   outputs[0], outputs[1], min_cosine=SAME_PATH_COSINE)
 
 
 def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe, min_cosine: float) -> Gate:

@@ -14,11 +14,10 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
-from ..generation.common import LmStream, Teacher
+from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
-from ..runtime.lm import empty_cache
 from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from ..text import SPEECH_WINDOW, encode_tts_text
@@ -37,13 +36,13 @@ CFG_SCALE, STEPS, SEED = 1.5, 5, 1234  # upstream's defaults; the seed of the lo
 
 
 def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe) -> Gate:
-    """The runtime's batch-2 CFG streams (padded, masked) against the same graph run as two separate streams:
-    batching must change nothing, at any precision (the graph's own error is the per-graph gates' matter)."""
+    """The runtime's batch-2 CFG streams (one cache, rows of their own lengths) against the same graph run as
+    two separate streams, each with the growing cache of before: batching and the in-place cache must change
+    nothing, at any precision (the graph's own error is the per-graph gates' matter)."""
     positive = cache_layers(probe.prefilled(model.tts_language_model, 9))
     negative = cache_layers(probe.prefilled(model.tts_language_model, 2))
     ours = runtime.guided_streams(positive, negative)
-    separate = GuidedStreams(*(LmStream(runtime.unbatched("upper_lm"), runtime.flat_cache(layers), layers[0][0].shape[2])
-                               for layers in (positive, negative)))
+    separate = GuidedStreams(*(runtime.stream("upper_lm", layers, in_place=False) for layers in (positive, negative)))
     outputs, references = [], []
     for step in range(4):  # speech, a 3-token text window (positive only), then speech again
         if step == 1:
@@ -62,9 +61,9 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
     probe = Probe(lambda ids: model.embed_text(torch.from_numpy(ids)).numpy(), model.dims.lm.vocab)
     latent = model.dims.head.latent
     log("  per-graph gates")
-    gates = lm_gates("lower_lm", model.language_model, runtime.lms["lower_lm"], empty_cache(bundle, "lower_lm"), probe,
+    gates = lm_gates("lower_lm", model.language_model, runtime.lms["lower_lm"], probe,
                      limit, ((7, 5),))
-    gates += lm_gates("upper_lm", model.tts_language_model, runtime.lms["upper_lm"], empty_cache(bundle, "upper_lm"), probe,
+    gates += lm_gates("upper_lm", model.tts_language_model, runtime.lms["upper_lm"], probe,
                       limit)
     conditions = lm_step(model.tts_language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
     gates.append(head_gate(model.diffusion_head, runtime.velocity, conditions, probe, limit))

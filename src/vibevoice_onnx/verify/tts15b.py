@@ -23,7 +23,7 @@ from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prom
 from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 from ..reference.tts15b import TorchGuidedLm, Tts15bReference, generate
 from ..runtime.bundle import Bundle
-from ..runtime.lm import empty_cache
+from ..runtime.lm import KvCache
 from ..runtime.tts15b import OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
@@ -66,12 +66,11 @@ class OnnxSeparateStreams(TorchGuidedLm):
     """Upstream's separate CFG streams (the reference's logic) on the bundle's own LM graph: what the
     runtime's speculative batched streams must equal, at any precision."""
 
-    def __init__(self, runtime: OnnxTts15bBackend, bundle: Bundle):
-        self.empty = empty_cache(bundle, "lm")
+    def __init__(self, runtime: OnnxTts15bBackend):
         super().__init__(runtime.lm)
 
     def new_cache(self):
-        return self.empty
+        return KvCache(self.lm, in_place=False)  # each stream its own growing cache, as before the in-place one
 
     def forward(self, embeds, cache, start):
         hidden, present = self.lm.unbatched(embeds, np.arange(start, start + embeds.shape[1])[None], cache)
@@ -83,7 +82,7 @@ def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe
     through the cases the loop meets: the negative right after the prompt, a pick that is not speech
     (speculation dropped) followed by speech, a restart of the negative stream, and speech steps. A new path against the old
     one: the LM itself is gated against the reference by lm_gates and the closed loops."""
-    ours, theirs = runtime.guided_lm(), OnnxSeparateStreams(runtime, bundle)
+    ours, theirs = runtime.guided_lm(), OnnxSeparateStreams(runtime)
     prompt = probe.tokens(9)
     outputs, references = [ours.prefill(prompt)], [theirs.prefill(prompt)]
     outputs.append(ours.negative(prompt[:, -1:]))
@@ -128,7 +127,7 @@ def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bB
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
     log("  per-graph gates")
-    gates = lm_gates("lm", parts.language_model, runtime.lm, empty_cache(bundle, "lm"), probe, limit)
+    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limit)
     conditions = lm_step(parts.language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
     gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe, limit))
     gates.append(module_gate("acoustic_connector", parts.multi_modal_projector, runtime.connect_acoustic,
