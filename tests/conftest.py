@@ -28,7 +28,7 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("checkpoints")
     out = {}
-    for kind in ("realtime", "1.5b", "asr", "asr-hf"):
+    for kind in ("realtime", "1.5b", "large", "asr", "asr-hf"):
         make_checkpoint(kind, root / kind, size="tiny", seed=0)
         out[kind] = root / kind
     return out

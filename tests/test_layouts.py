@@ -22,6 +22,16 @@ def test_full_layout_matches_hub_totals(kind):
     assert len({t.name for t in layout.tensors}) == len(layout.tensors)
 
 
+def test_large_layout_matches_the_published_arithmetic():
+    """Facts sheet 11.5 (parameter counts from the module definitions, the two scalars apart) and 11.4 (one
+    tensor more than the 1.5B: the top-level untied head)."""
+    layout = layout_for(model_dims(full_config("large")))
+    assert (len(layout.tensors), layout.parameters) == (1_205, 9_343_355_361 + 2)
+    components = layout.components()
+    assert components["lm_head"] == 544_997_376 and components["prediction_head"] == 669_333_504
+    assert components["acoustic_connector"] == 13_085_184 and components["semantic_connector"] == 13_314_560
+
+
 def test_realtime_config_is_the_hub_file_size():
     # The hub config.json is 2,117 bytes; ours, written as transformers writes configs, must be too.
     assert len(json.dumps(full_config("realtime"), indent=2) + "\n") == 2117
@@ -61,11 +71,12 @@ def test_other_kinds_encode_their_differences():
 
 def test_model_type_vibevoice_is_disambiguated():
     assert model_dims(full_config("1.5b")).kind == "1.5b"
+    assert model_dims(full_config("large")).kind == "large"  # the top-level tie_word_embeddings: false
     assert model_dims(full_config("asr")).kind == "asr"
     assert full_config("1.5b")["model_type"] == full_config("asr")["model_type"] == "vibevoice"
 
 
-@pytest.mark.parametrize("kind", ["realtime", "1.5b", "asr", "asr-hf"])
+@pytest.mark.parametrize("kind", ["realtime", "1.5b", "large", "asr", "asr-hf"])
 def test_tiny_configs_keep_the_real_hop(kind):
     dims = model_dims(tiny_config(kind, 512, {"<|object_ref_start|>": 1, "<|object_ref_end|>": 2, "<|box_start|>": 3}))
     stacks = [s for s in (dims.acoustic_encoder, dims.acoustic_decoder, dims.semantic_encoder) if s]

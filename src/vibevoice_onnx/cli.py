@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .checkpoints.configs import KINDS
 from .errors import VibeVoiceError
 from .options import cli_type
 
@@ -266,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the exact hub layout")
-    p.add_argument("kind", choices=["realtime", "1.5b", "asr", "asr-hf"])
+    p.add_argument("kind", choices=KINDS)
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--size", choices=["tiny", "full"], default="tiny")
     p.add_argument("--seed", type=cli_type("seed"), default=0)

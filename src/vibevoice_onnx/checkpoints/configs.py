@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError
 
-KINDS = ("realtime", "1.5b", "asr", "asr-hf")
+KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf")
+# Long-form multi-speaker TTS: VibeVoice-1.5B and VibeVoice-Large (7B), one architecture, one loop; Large's LM
+# head is untied (a top-level lm_head.weight), the 1.5B's is the token embedding.
+LONG_FORM_KINDS = ("1.5b", "large")
 
 # The Qwen2.5 added tokens (the VibeVoice models use several, facts sheet section 8), at their real ids.
 QWEN_SPECIAL_TOKENS = {
@@ -281,7 +284,8 @@ def detect_kind(config: dict, source: str = "config.json") -> str:
                 "1.5B layout, which is not supported yet; use the upstream microsoft/VibeVoice-1.5B checkpoint"
             )
         if "diffusion_head_config" in config:
-            return "1.5b"
+            # Large says so at the top level (facts sheet 11.2: its decoder section has no tie key at all)
+            return "large" if config.get("tie_word_embeddings") is False else "1.5b"
         architectures = " ".join(config.get("architectures") or [])
         if "ASR" in architectures or "semantic_tokenizer_config" in config:
             return "asr"
@@ -339,7 +343,7 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
         acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
         semantic_encoder=_upstream_encoder(semantic, "semantic_tokenizer_config"),
     )
-    if kind == "1.5b":
+    if kind in LONG_FORM_KINDS:
         dims["head"] = _head(_section(config, "diffusion_head_config", source), "diffusion_head_config")
     return ModelDims(**dims)
 
@@ -467,6 +471,13 @@ def full_config(kind: str) -> dict:
         else:
             config["decoder_config"] = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
         return dict(sorted(config.items()))
+    if kind == "large":  # facts sheet 11.2, the hub file as ComfyUI copies it
+        config = full_config("1.5b")
+        decoder = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
+        del decoder["tie_word_embeddings"]  # absent there: the top-level key unties the head
+        config.update(decoder_config={**decoder, "use_mrope": False}, diffusion_head_config=_head_section(3584),
+                      tie_word_embeddings=False, acostic_vae_dim=config.pop("acoustic_vae_dim"))  # (sic)
+        return dict(sorted(config.items()))
     if kind == "asr-hf":
         text = _qwen_section(3584, 28, 28, 4, 18944, 152064, 131072, False)
         return {
@@ -510,7 +521,7 @@ def tiny_config(kind: str, vocab: int, special_ids: dict[str, int]) -> dict:
                     config[name]["decoder_n_filters"] = TINY_FILTERS
         if "diffusion_head_config" in config:
             config["diffusion_head_config"]["hidden_size"] = TINY_HIDDEN
-    layers = {"realtime": 6, "1.5b": 2, "asr": 2, "asr-hf": 2}[kind]
+    layers = {"realtime": 6, "1.5b": 2, "large": 2, "asr": 2, "asr-hf": 2}[kind]
     text.update(
         hidden_size=TINY_HIDDEN,
         num_attention_heads=TINY_HEADS,

@@ -236,6 +236,14 @@ def tts_1p5b_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), ("lm_head is tied to language_model.embed_tokens (no tensor)",))
 
 
+def large_layout(d: ModelDims) -> Layout:
+    """VibeVoice-Large: the 1.5B's tensors plus the untied head at the top level (facts sheet 11.4)."""
+    tts = tts_1p5b_layout(d).tensors
+    lm = [t for t in tts if t.component == "language_model"]
+    head = TensorSpec("lm_head.weight", (d.lm.vocab, d.lm.hidden), "lm_head", LINEAR)
+    return Layout(d, (*lm, head, *tts[len(lm):]), ("lm_head is untied: its rows give the segment and EOS decisions",))
+
+
 def asr_codes_layout(d: ModelDims) -> Layout:
     tensors = [
         TensorSpec("lm_head.weight", (d.lm.vocab, d.lm.hidden), "lm_head", LINEAR),
@@ -281,6 +289,7 @@ def layout_for(d: ModelDims, stored: set[str] | None = None) -> Layout:
         return realtime_layout(d, with_encoder=stored is not None and any(n.startswith(REALTIME_ENCODER) for n in stored))
     return {
         "1.5b": tts_1p5b_layout,
+        "large": large_layout,
         "asr": asr_codes_layout,
         "asr-hf": asr_hf_layout,
     }[d.kind](d)

@@ -112,6 +112,12 @@ def tts_1p5b_to_hf(name: str) -> str:
     raise CheckpointError(f"1.5B checkpoint: no transformers module for key '{name}'")
 
 
+def large_to_hf(name: str) -> str:
+    """Hub key of VibeVoice-Large -> transformers VibeVoiceForConditionalGeneration key: the 1.5B's, and the
+    untied head at the top level as transformers names it."""
+    return name if name == "lm_head.weight" else tts_1p5b_to_hf(name)
+
+
 def asr_codes_to_hf(name: str) -> str | None:
     """Hub key of codes-layout VibeVoice-ASR -> transformers VibeVoiceAsr key; None for the unused decoder."""
     if name.startswith("model.acoustic_tokenizer.decoder."):

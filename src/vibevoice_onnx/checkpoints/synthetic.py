@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from ..errors import VibeVoiceError
 from ..options import check
 from ..outputs import atomic_directory
-from .configs import KINDS, full_config, model_dims, tiny_config
+from .configs import KINDS, LONG_FORM_KINDS, full_config, model_dims, tiny_config
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
     BIAS, CONV, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, WAVEFORM, Layout, TensorSpec,
@@ -33,7 +33,7 @@ DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.f
 # Shard counts of the hub checkpoints (facts sheet 1.5; ~2 GB each at full size). The codes-layout ASR
 # count is not established; it mirrors its -HF twin. Tiny checkpoints keep the counts, so the sharded
 # loading path is exercised in tests.
-SHARDS = {"realtime": 1, "1.5b": 3, "asr": 8, "asr-hf": 8}
+SHARDS = {"realtime": 1, "1.5b": 3, "large": 10, "asr": 8, "asr-hf": 8}
 EOS_LOGIT_BIAS = -2.0  # with random weights the EOS logit has std ~1: EOS fires now and then, not at once
 
 
@@ -67,7 +67,8 @@ def init_tensor(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
 
 
 def plan_shards(layout: Layout, itemsize: int, count: int) -> list[list[TensorSpec]]:
-    """Split the tensors, in layout order, into `count` shards of roughly equal size."""
+    """Split the tensors, in layout order, into `count` shards of roughly equal size: exactly `count`, as the hub
+    has, even where a few tensors dwarf the rest (a tiny checkpoint's embedding): the fullest shards split."""
     target = layout.parameters * itemsize / count
     shards: list[list[TensorSpec]] = [[]]
     size = 0
@@ -77,6 +78,10 @@ def plan_shards(layout: Layout, itemsize: int, count: int) -> list[list[TensorSp
             size = 0
         shards[-1].append(spec)
         size += spec.numel * itemsize
+    while len(shards) < min(count, len(layout.tensors)):
+        fullest = max(range(len(shards)), key=lambda i: len(shards[i]))
+        half = len(shards[fullest]) // 2
+        shards[fullest : fullest + 1] = [shards[fullest][:half], shards[fullest][half:]]
     return shards
 
 
@@ -88,18 +93,23 @@ Adjust = Callable[[TensorSpec, np.ndarray], np.ndarray]
 
 
 def speaking_lm(special_ids: dict[str, int]) -> Adjust:
-    """Make a random 1.5B LM speak: with a tied head a random LM repeats its last input token, so after the
-    prompt's `<|vision_start|>` it would pick `<|vision_start|>` forever and never produce audio. The
+    """Make a random 1.5B or Large LM speak: with a tied head a random LM repeats its last input token, so after
+    the prompt's `<|vision_start|>` it would pick `<|vision_start|>` forever and never produce audio. The
     `<|vision_pad|>` row becomes 1.5x the `<|vision_start|>` row (so it wins whenever start would), and both
-    connectors' output biases lean toward it (so generated speech asks for more speech). It never learned to
-    end a turn: speak caps the length with --max-frames."""
+    connectors' output biases lean toward it (so generated speech asks for more speech). Large's untied head
+    gets the same two rows, each its embedding row plus a random one of its own (so the untied rows are not
+    the embedding's, and tying them would change the logits). It never learned to end a turn: speak caps the
+    length with --max-frames."""
     start, pad = special_ids["<|vision_start|>"], special_ids["<|vision_pad|>"]
     rows: dict[str, np.ndarray] = {}
 
     def adjust(spec: TensorSpec, value: np.ndarray) -> np.ndarray:
         if spec.name == "model.language_model.embed_tokens.weight":
             value[pad] = 1.5 * value[start]
-            rows["pad"] = value[pad].copy()
+            rows["start"], rows["pad"] = value[start].copy(), value[pad].copy()
+        elif spec.name == "lm_head.weight":
+            value[start] = rows["start"] + 0.25 * value[start] / value[start].std() * rows["start"].std()
+            value[pad] = 1.5 * value[start]
         elif spec.name in ("model.acoustic_connector.fc2.bias", "model.semantic_connector.fc2.bias"):
             value = value + rows["pad"]
         return value
@@ -159,7 +169,7 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
     with atomic_directory(out, _log) as partial:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         tokenizer.save(str(partial / "tokenizer.json"))
-        write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind == "1.5b" else None)
+        write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind in LONG_FORM_KINDS else None)
         if extras is not None:
             extras(partial)
     return layout

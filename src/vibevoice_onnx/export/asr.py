@@ -13,19 +13,13 @@ import torch
 
 from ..reference.asr import AsrReference
 from .graphs import BATCH, FRAMES, GraphSpec, lm_spec, streaming_encoder_spec
+from .streaming import deferred_weights as streamed_weights  # noqa: F401 (the build streams these)
 
 
 def load_model(checkpoint) -> AsrReference:
     from ..reference.asr import load_asr_skeleton
 
     return load_asr_skeleton(checkpoint)
-
-
-def streamed_weights(spec: GraphSpec, reference: AsrReference) -> dict:
-    """The spec's placeholders, by the graph's own parameter names, with where each weight is stored."""
-    targets = {id(p): target for target, p in reference.model.named_parameters()}
-    return {name: reference.deferred[targets[id(p)]] for name, p in spec.module.named_parameters()
-            if targets.get(id(p)) in reference.deferred}
 
 
 def graph_specs(reference: AsrReference) -> list[GraphSpec]:

@@ -109,9 +109,9 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
 def _exporter(kind: str):
     """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
-    from . import asr, realtime, tts15b
+    from . import asr, large, realtime, tts15b
 
-    exporters = {"realtime": realtime, "1.5b": tts15b, "asr": asr, "asr-hf": asr}
+    exporters = {"realtime": realtime, "1.5b": tts15b, "large": large, "asr": asr, "asr-hf": asr}
     if kind not in exporters:
         raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {', '.join(exporters)})")
     return exporters[kind]

@@ -176,6 +176,8 @@ POLICIES = {
             "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}},
 }
 POLICIES["asr-hf"] = POLICIES["asr"]
+# VibeVoice-Large: the 1.5B's components at 7B widths, the same feedback path; its LM is quantized as it streams.
+POLICIES["large"] = POLICIES["1.5b"]
 
 
 def policy(kind: str, precision: str) -> dict[str, Scheme]:

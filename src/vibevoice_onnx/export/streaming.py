@@ -25,6 +25,14 @@ from .precision import Mixed, Scheme, layer_count, quantize_weight
 ALIGNMENT = 4096  # tensor offsets in the data file, so onnxruntime can map them
 
 
+def deferred_weights(spec: GraphSpec, reference) -> dict[str, DeferredWeight]:
+    """A skeleton's placeholders in the spec's graph, by the graph's own parameter names, with where each weight
+    is stored (`reference.model`, `reference.deferred` as the skeleton loaders give them)."""
+    targets = {id(p): target for target, p in reference.model.named_parameters()}
+    return {name: reference.deferred[targets[id(p)]] for name, p in spec.module.named_parameters()
+            if targets.get(id(p)) in reference.deferred}
+
+
 class DataFile:
     """The graph's .onnx.data file, written tensor by tensor; each tensor becomes an external reference."""
 

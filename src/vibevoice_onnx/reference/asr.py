@@ -15,7 +15,6 @@ from ..checkpoints.configs import ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
 from ..generation.common import LmStream
-from .loading import placeholder
 from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 
 
@@ -98,23 +97,11 @@ def load_asr_skeleton(checkpoint: Path) -> AsrReference:
 
 
 def load_asr_layer_streamed(checkpoint: Path) -> AsrReference:
-    """The fp32 reference for a model that cannot be held: each LM layer and the head read their weights from
-    the shards just before they run and drop them after, so memory holds the encoders, the embedding and
-    one layer. Slow (every LM call reads the LM once), exact (the same fp32 math)."""
+    """The fp32 reference for a model that cannot be held: the LM's layers and head streamed from the shards
+    as they run (see loading.stream_layers), the encoders and the embedding in memory."""
+    from .loading import stream_layers
+
     reference = load_asr_skeleton(checkpoint)
-    model, deferred = reference.model, reference.deferred
-    owners = [f"model.language_model.layers.{i}" for i in range(reference.dims.lm.layers)] + ["lm_head"]
-    for owner in owners:
-        names = [target for target in deferred if target.startswith(owner + ".")]
-
-        def load(module, args, names=names):
-            for target in names:
-                model.get_parameter(target).data = deferred[target].read().to(torch.float32)
-
-        def drop(module, args, output, names=names):
-            for target in names:
-                model.get_parameter(target).data = placeholder(deferred[target].shape)
-
-        model.get_submodule(owner).register_forward_pre_hook(load)
-        model.get_submodule(owner).register_forward_hook(drop)
+    stream_layers(reference.model, reference.deferred,
+                  [f"model.language_model.layers.{i}" for i in range(reference.dims.lm.layers)] + ["lm_head"])
     return reference

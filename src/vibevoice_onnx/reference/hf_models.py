@@ -6,7 +6,7 @@ from transformers import (
     VibeVoiceAsrConfig, VibeVoiceAsrForConditionalGeneration, VibeVoiceConfig, VibeVoiceForConditionalGeneration,
 )
 
-from ..checkpoints.configs import ModelDims
+from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims
 from .modules import _conv_stack_kwargs, qwen_config
 
 
@@ -16,9 +16,11 @@ def _encoder_dict(d) -> dict:
 
 def build_hf_model(dims: ModelDims):
     text = qwen_config(dims.lm).to_dict()
-    if dims.kind == "1.5b":
+    if dims.kind in LONG_FORM_KINDS:
         h = dims.head
         config = VibeVoiceConfig(
+            # Large's head is its own tensor: the default (tied) would overwrite it with the embedding (trap 11.9.1)
+            tie_word_embeddings=dims.kind == "1.5b",
             text_config=text,
             audio_config=_encoder_dict(dims.acoustic_encoder),
             semantic_model_config=_encoder_dict(dims.semantic_encoder),

@@ -21,7 +21,7 @@ from ..checkpoints.configs import model_dims
 from ..checkpoints.files import CheckpointFiles, open_checkpoint, read_config
 from ..checkpoints.inspect import inspect_checkpoint
 from ..checkpoints.names import (
-    asr_codes_to_hf, normalise_key, realtime_to_reference, tts_1p5b_to_hf,
+    asr_codes_to_hf, large_to_hf, normalise_key, realtime_to_reference, tts_1p5b_to_hf,
 )
 from ..errors import CheckpointError
 
@@ -172,13 +172,14 @@ def available_memory() -> int | None:
     return None
 
 
-def fp32_model_fits(files: CheckpointFiles) -> bool:
-    """Whether this machine can hold the checkpoint's model in fp32 (with a margin for activations)."""
+def fp32_model_fits(files: CheckpointFiles, bytes_per_parameter: int = 4, beside: int = 0) -> bool:
+    """Whether this machine can hold the checkpoint's model in fp32 (or at `bytes_per_parameter`: 2 for a
+    compact reference) with a margin for activations, next to `beside` bytes of something else."""
     import math
 
     parameters = sum(math.prod(t.shape) for t in files.tensors.values())
     available = available_memory()
-    return available is None or parameters * 4 * 1.2 <= available
+    return available is None or parameters * bytes_per_parameter * 1.2 + beside <= available
 
 
 def load_realtime(root: Path):
@@ -211,6 +212,25 @@ def load_skeleton(root: Path, defer: Callable[[str], bool]) -> tuple[nn.Module, 
     return _load_hf(Path(root), False, defer)
 
 
+def stream_layers(model: nn.Module, deferred: dict[str, DeferredWeight], owners: list[str]) -> None:
+    """Make a skeleton an exact fp32 reference that never holds its deferred weights: each owner module (an LM
+    layer, a head) reads its weights from the shards just before it runs and drops them after, so memory holds
+    the rest of the model and one owner. Slow (every call reads the deferred weights once), the same math."""
+    for owner in owners:
+        names = [target for target in deferred if target.startswith(owner + ".")]
+
+        def load(module, args, names=names):
+            for target in names:
+                model.get_parameter(target).data = deferred[target].read().to(torch.float32)
+
+        def drop(module, args, output, names=names):
+            for target in names:
+                model.get_parameter(target).data = placeholder(deferred[target].shape)
+
+        model.get_submodule(owner).register_forward_pre_hook(load)
+        model.get_submodule(owner).register_forward_hook(drop)
+
+
 def _load_hf(root: Path, compact: bool, defer):
     report = check_layout(root)
     files = open_checkpoint(root)
@@ -224,6 +244,7 @@ def _load_hf(root: Path, compact: bool, defer):
             model = build_hf_model(dims)
     rename, allowed_absent = {
         "1.5b": (tts_1p5b_to_hf, ("lm_head.weight",)),  # tied to embed_tokens: no tensor upstream
+        "large": (large_to_hf, ()),
         "asr": (asr_codes_to_hf, ()),
         "asr-hf": (lambda name: name, ()),
     }[report["kind"]]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..checkpoints.configs import ModelDims, model_dims
+from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
 from ..generation.common import whole_head_at
@@ -49,15 +49,49 @@ class Tts15bReference:
         return self.parts.semantic_tokenizer_encoder
 
 
+LM_LAYERS = "model.language_model.layers."  # Large: 6.5 of its 9.3 B parameters (and 0.5 in its head)
+
+
+def _checked_dims(checkpoint: Path) -> ModelDims:
+    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
+    if dims.kind not in LONG_FORM_KINDS:
+        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not {' or '.join(LONG_FORM_KINDS)}")
+    return dims
+
+
 def load_tts15b(checkpoint: Path, compact: bool = False) -> Tts15bReference:
-    """The strict reference; `compact` keeps the large weights in their stored bf16 and computes in fp32
-    (same numbers, half the memory: verify runs it beside the bundle's sessions)."""
+    """The strict reference of a 1.5B or Large checkpoint; `compact` keeps the large weights in their stored
+    bf16 and computes in fp32 (same numbers, half the memory: verify runs it beside the bundle's sessions)."""
     from .loading import load_transformers_model
 
-    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
-    if dims.kind != "1.5b":
-        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not 1.5b")
+    dims = _checked_dims(checkpoint)
     return Tts15bReference(load_transformers_model(checkpoint, compact), dims)
+
+
+def load_tts15b_skeleton(checkpoint: Path) -> Tts15bReference:
+    """The reference with the LM's layers left in the shards (placeholders, see loading.load_skeleton) and
+    `deferred` saying where each is stored: what a memory-bounded build traces and streams."""
+    from .loading import load_skeleton
+
+    dims = _checked_dims(checkpoint)
+    model, deferred = load_skeleton(Path(checkpoint), lambda target: target.startswith(LM_LAYERS) or target == "lm_head.weight")
+    reference = Tts15bReference(model, dims)
+    reference.deferred = deferred
+    return reference
+
+
+def load_tts15b_layer_streamed(checkpoint: Path) -> Tts15bReference:
+    """The exact fp32 reference of a model too large to hold: its LM layers read from the shards as they run."""
+    from .loading import stream_layers
+
+    reference = load_tts15b_skeleton(checkpoint)
+    stream_layers(reference.model, reference.deferred, [f"{LM_LAYERS}{i}" for i in range(reference.dims.lm.layers)])
+    head = reference.model.lm_head.weight  # the loop indexes its rows (no forward to hook): held, in fp32
+    if "lm_head.weight" in reference.deferred:
+        head.data = reference.deferred["lm_head.weight"].read().to(torch.float32)
+    else:  # tied (1.5B): the embedding's rows
+        head.data = reference.parts.language_model.embed_tokens.weight.data
+    return reference
 
 
 class TorchGuidedLm:

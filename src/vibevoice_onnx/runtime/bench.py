@@ -35,8 +35,8 @@ def bench_kind(kind: str):
     """(the onnxruntime backend class, the bench generation) of a TTS kind."""
     from . import realtime, tts15b
 
-    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames),
-             "1.5b": (tts15b.OnnxTts15bBackend, tts15b.bench_frames)}
+    long_form = (tts15b.OnnxTts15bBackend, tts15b.bench_frames)
+    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames), "1.5b": long_form, "large": long_form}
     if kind not in kinds:
         raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}); this one is '{kind}' "
                              "(time transcription with `vibevoice-onnx transcribe`, which reports its speed)")
@@ -151,7 +151,7 @@ def result_of(kind: str):
     from ..generation.realtime import GenerationResult
     from ..generation.tts15b import LongFormResult
 
-    return GenerationResult() if kind == "realtime" else LongFormResult()
+    return GenerationResult() if kind == "realtime" else LongFormResult()  # 1.5B and Large
 
 
 def gate_status(bundle: Bundle) -> str:

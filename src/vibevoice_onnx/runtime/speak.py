@@ -111,7 +111,8 @@ def _progress(speech: Speech, final: bool = False) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-KIND_DEFAULTS = {"realtime": {"cfg_scale": 1.5, "steps": 5}, "1.5b": {"cfg_scale": 1.3, "steps": 10}}
+KIND_DEFAULTS = {"realtime": {"cfg_scale": 1.5, "steps": 5}, "1.5b": {"cfg_scale": 1.3, "steps": 10},
+                 "large": {"cfg_scale": 1.3, "steps": 10}}  # upstream's demo (facts sheet 11.7)
 
 
 def parse_speakers(values: list[str]) -> dict:

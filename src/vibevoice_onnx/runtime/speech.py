@@ -108,10 +108,10 @@ class TtsModel:
 def open_tts(bundle_dir: Path, threads: int | None = None, force: bool = False) -> TtsModel:
     """The API object for a TTS bundle of any kind."""
     from .realtime import RealtimeTTS
-    from .tts15b import LongFormTTS
+    from .tts15b import LargeTTS, LongFormTTS
 
     bundle = Bundle(Path(bundle_dir), threads=threads)
-    models = {"realtime": RealtimeTTS, "1.5b": LongFormTTS}
+    models = {"realtime": RealtimeTTS, "1.5b": LongFormTTS, "large": LargeTTS}
     if bundle.kind not in models:
         raise VibeVoiceError(f"{bundle.path}: is a bundle of kind '{bundle.kind}', which does not speak (TTS kinds: "
                              f"{', '.join(models)})")

@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from ..audio import VoiceSample, voice_from_file
+from ..checkpoints.configs import LONG_FORM_KINDS
 from ..errors import VibeVoiceError
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
 from ..options import check, check_optional
@@ -97,9 +98,11 @@ class OnnxTts15bBackend:
     """Evaluates each 1.5B component with its ONNX graph; KV caches and conv states are lists of arrays."""
 
     def __init__(self, bundle):
-        bundle.require_kind("1.5b")
+        bundle.require_kind(*LONG_FORM_KINDS)
         self.bundle = bundle
         self.embed_table, scale, bias = bundle.host_tensors("embed_tokens", "speech_scaling_factor", "speech_bias_factor")
+        # Large's untied head, memory-mapped like the embedding (only the choice rows are read); else tied
+        self.head_table = bundle.host_tensors("lm_head")[0] if bundle.kind == "large" else self.embed_table
         self.scale_factor, self.bias_factor = F32(scale), F32(bias)
         dims = bundle.dims
         self.max_positions = dims.lm.max_positions
@@ -116,7 +119,7 @@ class OnnxTts15bBackend:
         return self.embed_table[np.asarray(ids)].astype(F32)[None]
 
     def choice_logits(self, hidden, ids):
-        return self.embed_table[ids].astype(F32) @ hidden[0].astype(F32)
+        return self.head_table[ids].astype(F32) @ hidden[0].astype(F32)
 
     def guided_lm(self):
         return OnnxGuidedLm(self.lm)
@@ -203,3 +206,9 @@ class LongFormTTS(TtsModel):
         speech = Speech(frames(), result, seed, noise)
         speech.prompt_tokens, speech.voices = len(prompt.ids), voices
         return speech
+
+
+class LargeTTS(LongFormTTS):
+    """VibeVoice-Large (7B) from an ONNX bundle: the 1.5B's API and loop, its untied head's decisions."""
+
+    kind = "large"

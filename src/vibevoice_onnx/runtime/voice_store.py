@@ -11,13 +11,14 @@ from ..errors import VibeVoiceError
 from ..outputs import atomic_file, os_error_message, remove_stale_partials
 from ..audio import VoiceSample, save_voice_sample, voice_from_file
 from ..voices import check_voice_fits, read_upstream_preset, save_voice
+from ..checkpoints.configs import LONG_FORM_KINDS
 from .bundle import Bundle, voice_path
 
 
 def import_voice(bundle_dir: Path, source: Path, name: str | None = None, force: bool = False) -> tuple[str, dict]:
-    """Add a voice to a bundle: an upstream preset (.pt) for realtime, an audio sample for 1.5B."""
+    """Add a voice to a bundle: an upstream preset (.pt) for realtime, an audio sample for 1.5B and Large."""
     bundle = Bundle(bundle_dir)
-    if bundle.kind not in ("realtime", "1.5b"):
+    if bundle.kind not in ("realtime", *LONG_FORM_KINDS):
         raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' has no voices")
     source = Path(source)
     if not source.is_file():

@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from ..audio import SAMPLE_RATE
 from ..errors import VibeVoiceError
 from ..runtime.bundle import voice_path
+from ..checkpoints.configs import LONG_FORM_KINDS
 from . import speech as speech_route
 from . import transcriptions as asr_route
 from .fields import served_model
@@ -431,11 +432,11 @@ async def _add_voice(request: Request, state: _State):
         if not isinstance(name, str) or not name.strip():
             raise ApiError(400, "'name' is required: the new voice's name", param="name", code="missing_field")
         model_name = form.get("model")
-        candidates = [m for m in state.models.by_id.values() if m.kind == "1.5b"]
+        candidates = [m for m in state.models.by_id.values() if m.kind in LONG_FORM_KINDS]
         model = served_model(state.models, model_name, "tts") if isinstance(model_name, str) and model_name else (
             candidates[0] if candidates else None)
-        if model is None or model.kind != "1.5b":
-            raise ApiError(400, "voices are added to VibeVoice-1.5B models only (a realtime voice is a cached prompt "
+        if model is None or model.kind not in LONG_FORM_KINDS:
+            raise ApiError(400, "voices are added to VibeVoice-1.5B and Large models only (a realtime voice is a cached prompt "
                            "made by upstream's tools: import presets with `vibevoice-onnx voices import`)", param="model")
         try:
             voice_path(model.bundle.path, name.strip())

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..errors import VibeVoiceError
 from ..runtime.speech import Speech
 from ..script import has_labels, parse_script
+from ..checkpoints.configs import LONG_FORM_KINDS
 from .codec import FORMATS, StreamEncoder
 from .fields import option, served_model, take
 from .http import ApiError, sse_event
@@ -87,7 +88,7 @@ def _voices(body: dict, model: ServedModel, text: str) -> list[str]:
 def start(request: SpeechRequest) -> Speech:
     """The generation for a request, every input checked (VibeVoiceError: a 400) before any audio."""
     model, options = request.model, request.options
-    script = model.kind == "1.5b" or has_labels(request.text)
+    script = model.kind in LONG_FORM_KINDS or has_labels(request.text)
     if not script:
         if len(request.voices) > 1:
             raise ApiError(400, "several voices are given, but the input has no 'Speaker N:' lines", param="voice")
@@ -98,7 +99,7 @@ def start(request: SpeechRequest) -> Speech:
                        f"{len(request.voices)} voices are given: give one per speaker, in order, comma-separated",
                        param="voice")
     given = dict(zip(speakers, request.voices))
-    if model.kind == "1.5b":
+    if model.kind in LONG_FORM_KINDS:
         return model.runner.stream(request.text, given, **options)
     return model.runner.dialogue(request.text, given, turn_gap=request.turn_gap, **options)
 

@@ -1,4 +1,4 @@
-"""The gates of a VibeVoice-1.5B bundle against the fp32 PyTorch reference (transformers' own modules).
+"""The gates of a VibeVoice-1.5B or Large bundle against the fp32 PyTorch reference (transformers' own modules).
 
 Per graph on realistic inputs; KV incremental == prefill; the semantic encoder fed chunk by chunk == one
 pass; streamed decode == whole decode; the speculative batched CFG streams == upstream's separate streams;
@@ -128,6 +128,7 @@ def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bB
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
     log("  per-graph gates")
     gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limit)
+    gates.append(choice_head_gate(reference, runtime, probe, TokenIds.from_tokenizer(bundle.tokenizer), limit))
     conditions = lm_step(parts.language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
     gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe, limit))
     gates.append(module_gate("acoustic_connector", parts.multi_modal_projector, runtime.connect_acoustic,
@@ -212,10 +213,32 @@ def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndar
     return chosen + synthetic[len(chosen):], voice
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
-    from ..reference.tts15b import load_tts15b
+def load_reference(bundle: Bundle, checkpoint: Path, log) -> Tts15bReference:
+    """bf16-stored and fp32-computed where that fits beside the bundle's sessions (1.5B); else (Large on a
+    small machine) with its LM layers streamed from the shards: the same fp32 numbers, slower."""
+    from ..checkpoints.files import open_checkpoint
+    from ..reference.loading import fp32_model_fits
+    from ..reference.tts15b import load_tts15b, load_tts15b_layer_streamed
 
-    reference = load_tts15b(checkpoint, compact=True)  # bf16-stored, fp32-computed: fits beside the sessions
+    sessions = sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"])
+    if fp32_model_fits(open_checkpoint(checkpoint), bytes_per_parameter=2, beside=sessions):
+        return load_tts15b(checkpoint, compact=True)
+    log("  the reference does not fit beside the bundle: its LM layers are read from the shards as they run")
+    return load_tts15b_layer_streamed(checkpoint)
+
+
+def choice_head_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, ids: TokenIds,
+                     limit: float) -> Gate:
+    """The four logits each step decides on: from the untied head's rows (Large) or the embedding's (1.5B)."""
+    hidden = probe.normal(4, reference.dims.lm.hidden)
+    ours = [runtime.choice_logits(h[None], ids.choices) for h in hidden]
+    theirs = [reference.model.lm_head.weight[ids.choices].numpy() @ h for h in hidden]
+    head = "untied lm_head" if reference.dims.kind == "large" else "the embedding (tied)"
+    return compare(f"choice logits (the {head}'s rows of the four picks)", ours, theirs, min_cosine=limit)
+
+
+def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    reference = load_reference(bundle, checkpoint, log)
     runtime = OnnxTts15bBackend(bundle)
     gates = graph_gates(bundle, reference, runtime, log, limits.graph)
     log("  closed loops: the whole generation, runtime vs reference")
