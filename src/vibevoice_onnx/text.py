@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Callable
 
 from .errors import VibeVoiceError
 
@@ -35,6 +37,29 @@ def load_tokenizer(path: Path):
 
 def encode_tts_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(normalise_tts_text(text), add_special_tokens=False).ids
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?\u2026;:])\s+|\n+")
+
+
+def split_text(text: str, cost: Callable[[str], int], budget: int) -> list[str]:
+    """`text` in pieces of at most `budget` by `cost` (tokens), cut at sentence ends where it can, else at
+    word boundaries (a sentence longer than the budget), packed greedily so the pieces are as few as the
+    budget allows. A piece's cost is summed from its parts (a joined part counted with its leading space),
+    which a BPE tokenizer keeps within a token or two of the whole's."""
+    pieces: list[str] = []
+    used = 0
+    for sentence in (s.strip() for s in _SENTENCE_END.split(text.strip())):
+        if not sentence:
+            continue
+        for unit in [sentence] if cost(sentence) <= budget else sentence.split():
+            joined = used + cost(" " + unit)
+            if pieces and joined <= budget:
+                pieces[-1], used = f"{pieces[-1]} {unit}", joined
+            else:
+                pieces.append(unit)
+                used = cost(unit)
+    return pieces
 
 
 def text_windows(ids: list[int]) -> list[list[int]]:

@@ -23,6 +23,11 @@ class SpeechResult:
     sampled: list[np.ndarray] = field(default_factory=list)
     # The CFG conditions each latent was sampled from, [2, H] (positive, negative), when a list is given.
     conditions: list[np.ndarray] | None = None
+    # False: the audio is handed out and not kept (a long stream's memory stays bounded); `samples` still counts.
+    keep_audio: bool = True
+    samples: int = 0
+    # The first frame of each segment, when a text longer than the model's context is spoken in several.
+    segments: list[int] = field(default_factory=list)
 
     @property
     def frames(self) -> int:
@@ -34,7 +39,12 @@ class SpeechResult:
 
     def add(self, z: np.ndarray, chunk: np.ndarray) -> None:
         self.latents.append(z)
-        self.chunks.append(chunk)
+        self.keep([chunk])
+
+    def keep(self, chunks: list[np.ndarray]) -> None:
+        self.samples += sum(len(c) for c in chunks)
+        if self.keep_audio:
+            self.chunks += chunks
 
     def reached(self, max_frames: int | None) -> bool:
         """True (and the stop recorded) once `max_frames` latents are out."""

@@ -123,17 +123,26 @@ class FrameDecoder:
     def flush(self) -> list[np.ndarray]:
         if not self.pending:
             return []
-        first = len(self.result.chunks)
+        first = len(self.result.latents) - len(self.pending)
         chunks, self.state = decode_latents(self.backend, self.pending, self.state, first)
-        self.result.chunks += chunks
+        self.result.keep(chunks)
         self.pending = []
         return chunks
+
+
+@dataclass(frozen=True)
+class TextSegments:
+    """A text longer than the model's context, as segments (their token ids), each spoken from the voice prompt
+    afresh, one after the other: the latents' noise, the frame count and the decoder's state run on across
+    them, so the audio streams on without a seam."""
+
+    segments: tuple[list[int], ...]
 
 
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
-    text_ids: list[int] | Iterable[list[int]],
+    text_ids: list[int] | Iterable[list[int]] | TextSegments,
     noise: NoiseSource,
     cfg_scale: float,
     steps: int,
@@ -145,14 +154,21 @@ def realtime_frames(
 ) -> Iterator[np.ndarray]:
     """Yield audio chunks (one per frame) as they are decoded, filling `result` as it goes; see FrameDecoder
     for `decode_group`, and Teacher for `teacher` (which runs the teacher's length, EOS recorded, not acted on).
-    `text_ids` is the whole text's ids, or its windows as they come (a text.TextFeed)."""
-    streamed = not isinstance(text_ids, (list, tuple))
-    windows = iter(text_ids) if streamed else iter(text_windows(text_ids))
+    `text_ids` is the whole text's ids, its windows as they come (a text.TextFeed), or TextSegments (each
+    segment ends as a whole text would, at EOS or the context's end, and the next one starts)."""
+    pieces = text_ids.segments if isinstance(text_ids, TextSegments) else (text_ids,)
     decoder = FrameDecoder(backend, result, decode_group)
     if teacher is not None:
         max_frames, stop_on_eos = len(teacher.latents), False
-    for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
-        yield from decoder.add(z)
+    for piece in pieces:
+        if len(pieces) > 1:
+            result.segments.append(result.frames)
+        streamed = not isinstance(piece, (list, tuple))
+        windows = iter(piece) if streamed else iter(text_windows(piece))
+        for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
+            yield from decoder.add(z)
+        if result.stop_reason == "max_frames":
+            break
     yield from decoder.flush()
 
 

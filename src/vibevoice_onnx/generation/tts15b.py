@@ -122,10 +122,12 @@ def voice_embeddings(backend: Tts15bBackend, voices: list[np.ndarray], rng: np.r
 
 
 def prompt_embeddings(backend: Tts15bBackend, prompt: Prompt, voices: list[np.ndarray],
-                      rng: np.random.Generator | None) -> np.ndarray:
-    """[1, L, H]: the prompt's token embeddings with the voice slots filled, voice after voice."""
+                      rng: np.random.Generator | None, slots: np.ndarray | None = None) -> np.ndarray:
+    """[1, L, H]: the prompt's token embeddings with the voice slots filled, voice after voice (`slots`: the
+    voices' embeddings made once for several prompts of the same voices)."""
     embeds = backend.embed(prompt.ids).copy()
-    slots = np.concatenate(voice_embeddings(backend, voices, rng)) if voices else np.zeros((0, embeds.shape[2]), np.float32)
+    if slots is None:
+        slots = np.concatenate(voice_embeddings(backend, voices, rng)) if voices else np.zeros((0, embeds.shape[2]), np.float32)
     if len(slots) != len(prompt.voice_positions):
         raise VibeVoiceError(f"the prompt has {len(prompt.voice_positions)} voice slots but the voices give {len(slots)} frames")
     embeds[0, prompt.voice_positions] = slots
@@ -200,3 +202,19 @@ def long_form_frames(
         features, semantic_state = backend.encode_semantic(chunk, semantic_state)
         last_input = backend.connect_acoustic(z[None, None]) + backend.connect_semantic(features)
     result.stop_reason = "max_steps"
+
+
+def segmented_frames(backend: Tts15bBackend, prompts: list[Prompt], voices: list[np.ndarray],
+                     rng: np.random.Generator | None, ids: TokenIds, noise: NoiseSource, cfg_scale: float, steps: int,
+                     max_frames: int | None, result: LongFormResult) -> Iterator[np.ndarray]:
+    """A script longer than the model's context, as consecutive prompts of its lines with the same voices (their
+    embeddings made once, so every segment hears the same voices): each runs as a whole script would, until EOS
+    or its step cap, and the next one carries the script on; the noise and frame count run across them."""
+    slots = np.concatenate(voice_embeddings(backend, voices, rng)) if voices else None
+    for prompt in prompts:
+        if len(prompts) > 1:
+            result.segments.append(result.frames)
+        embeds = prompt_embeddings(backend, prompt, voices, None, slots)
+        yield from long_form_frames(backend, embeds, ids, noise, cfg_scale, steps, max_frames, result)
+        if result.stop_reason == "max_frames":
+            return

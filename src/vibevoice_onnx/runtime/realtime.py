@@ -18,11 +18,11 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..generation.common import LmStream
-from ..generation.realtime import GenerationResult, realtime_frames
+from ..generation.realtime import GenerationResult, TextSegments, realtime_frames
 from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import assign_voices, parse_script
-from ..text import TextFeed, encode_tts_text
+from ..text import SPEECH_WINDOW, TEXT_WINDOW, TextFeed, encode_tts_text, split_text
 from .bundle import Bundle
 from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
@@ -31,6 +31,11 @@ F32 = np.float32
 # After the first frame, frames are decoded this many at a time: the decoder's weights are then read once per
 # group (1.4 GB in fp32 at full size), for audio that arrives in bursts of a group. Measured with `bench`.
 DECODE_GROUP = 3
+# A text whose speech would pass the upper LM's context is spoken in segments cut at sentence ends, each from the
+# voice prompt: a segment's text tokens take their own positions and those of the speech frames their windows
+# bring, and some room stays for the speech after its last window (until EOS).
+POSITIONS_PER_TOKEN = 1 + SPEECH_WINDOW / TEXT_WINDOW
+TAIL_FRAMES = 60
 BENCH_TEXT = (
     "VibeVoice turns text into speech one frame at a time. This benchmark measures how fast the ONNX runtime "
     "speaks compared with the PyTorch reference, on the same weights, with the same voice and the same noise."
@@ -143,8 +148,26 @@ class RealtimeTTS(TtsModel):
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                noise: NoiseSource | None = None, max_frames: int | None = None,
                decode_group: int = DECODE_GROUP) -> Speech:
-        return self._speech(encode_tts_text(self.bundle.tokenizer, text), voice, cfg_scale, steps, seed, noise,
-                            max_frames, decode_group)
+        """Speech of `text`; one longer than the model's context is spoken in segments (speech.segments > 1)."""
+        segments = self.segments(text, voice)
+        text_ids = segments[0] if len(segments) == 1 else TextSegments(tuple(segments))
+        speech = self._speech(text_ids, voice, cfg_scale, steps, seed, noise, max_frames, decode_group)
+        speech.segments = len(segments)
+        return speech
+
+    def segments(self, text: str, voice: str) -> list[list[int]]:
+        """The text's token ids, in one piece or, where its speech would pass the upper LM's context after the
+        voice prompt, in pieces cut at sentence ends (words, for a sentence too long) that each fit."""
+        tokenizer, ids = self.bundle.tokenizer, encode_tts_text(self.bundle.tokenizer, text)
+        prompt_length = self.bundle.voice(voice).tts_lm[0][0].shape[2]
+        budget = int((self.backend.max_positions - prompt_length - TAIL_FRAMES) / POSITIONS_PER_TOKEN) - 1  # 1: "\n"
+        if len(ids) * POSITIONS_PER_TOKEN + prompt_length + TAIL_FRAMES <= self.backend.max_positions:
+            return [ids]
+        if budget < TEXT_WINDOW:
+            raise VibeVoiceError(f"voice '{voice}' takes {prompt_length} of the model's {self.backend.max_positions} "
+                                 "positions, which leaves no room for text; use a shorter voice prompt")
+        cost = lambda piece: len(tokenizer.encode(piece, add_special_tokens=False).ids)  # noqa: E731
+        return [encode_tts_text(tokenizer, piece) for piece in split_text(text, cost, budget)]
 
     def text_stream(self, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                     noise: NoiseSource | None = None, max_frames: int | None = None,
@@ -173,6 +196,7 @@ class RealtimeTTS(TtsModel):
         def frames():
             for number, voice, turn_seed, text in speeches:
                 speech = self.stream(text, voice, cfg_scale, steps, turn_seed, None, max_frames, decode_group)
+                speech.result.keep_audio = result.keep_audio  # a streamed dialogue holds no turn's audio either
                 turns.append((number, voice, turn_seed, speech.result))
                 for frame, samples in enumerate(speech._frames):
                     if frame == 0 and len(turns) > 1:

@@ -105,6 +105,8 @@ def _progress(speech: Speech, final: bool = False) -> None:
     audio = speech.audio_seconds
     rtf = speech.seconds / audio if audio else float("nan")
     line = f"frame {speech.result.frames:5d}  audio {audio:7.2f} s  wall {speech.seconds:7.2f} s  RTF {rtf:.3f}"
+    if speech.segments > 1:
+        line += f"  segment {max(1, len(speech.result.segments))}/{speech.segments}"
     if sys.stderr.isatty():
         print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
     elif (speech.result.frames % 6 == 0) != final:  # every speech window, and a last line if it fell between
@@ -227,6 +229,10 @@ def speak(bundle_dir: Path, text: str | None, options: SpeakOptions) -> dict:
     print(", ".join([described, *randomness]), file=sys.stderr, flush=True)
     if preparing:
         print(preparing, file=sys.stderr, flush=True)
+    if speech.segments > 1:
+        print(f"the text is longer than the model's context: spoken in {speech.segments} segments cut at sentence "
+              "ends, each from the voice prompt, the audio streamed on without a seam", file=sys.stderr, flush=True)
+    speech.result.keep_audio = False  # written as it comes: a long text's audio is not held
     with ExitStack() as outputs:  # every file is committed together, and only if generation completes
         sink = _AudioSink(options, tts.sample_rate, outputs)
         for chunk in speech:

@@ -36,6 +36,7 @@ class Speech:
 
     def __init__(self, frames: Iterator[np.ndarray], result, seed: int | None, noise: NoiseSource):
         self._frames, self.result, self.seed, self.noise = frames, result, seed, noise
+        self.segments = 1  # generations the text is spoken in (a text longer than the model's context: several)
         self.first_chunk_seconds: float | None = None
         self.seconds = 0.0
 
@@ -50,7 +51,7 @@ class Speech:
 
     @property
     def audio_seconds(self) -> float:
-        return sum(len(c) for c in self.result.chunks) / SAMPLE_RATE
+        return self.result.samples / SAMPLE_RATE
 
 
 class TtsModel:

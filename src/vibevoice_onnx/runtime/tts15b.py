@@ -17,10 +17,12 @@ import numpy as np
 from ..audio import VoiceSample, voice_from_file
 from ..checkpoints.configs import LONG_FORM_KINDS
 from ..errors import VibeVoiceError
-from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
+from ..generation.tts15b import (MAX_LENGTH_TIMES, LongFormResult, TokenIds, long_form_frames, prompt_embeddings,
+                                 segmented_frames)
 from ..options import check, check_optional
 from ..sampling import NoiseSource
-from ..script import assign_voices, build_prompt, parse_script
+from ..script import Script, assign_voices, build_prompt, parse_script
+from ..text import split_text
 from .lm import MIN_CAPACITY, POSITIVE, BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
 from .speech import Speech, TtsModel
 
@@ -191,7 +193,8 @@ class LongFormTTS(TtsModel):
         parsed = parse_script(script)
         given = speakers if isinstance(speakers, dict) else {None: speakers}
         voices = [self.voice(spec) for spec in assign_voices(parsed, given)]
-        prompt = build_prompt(self.bundle.tokenizer, parsed, [voice.frames for voice in voices])
+        frames_of = [voice.frames for voice in voices]
+        prompts = [build_prompt(self.bundle.tokenizer, part, frames_of) for part in self.segments(parsed, frames_of)]
         ids = TokenIds.from_tokenizer(self.bundle.tokenizer)
         if noise is None or voice_latents == "sample":  # the voice noise needs a seed even when `noise` is given
             seed = self.noise_source(seed, None)[1]
@@ -200,12 +203,41 @@ class LongFormTTS(TtsModel):
         result = LongFormResult()
 
         def frames() -> Iterator[np.ndarray]:  # lazily, so time to first audio includes encoding the voices
-            embeds = prompt_embeddings(self.backend, prompt, [v.samples for v in voices], rng)
-            yield from long_form_frames(self.backend, embeds, ids, noise, cfg_scale, steps, max_frames, result)
+            yield from segmented_frames(self.backend, prompts, [v.samples for v in voices], rng, ids, noise, cfg_scale,
+                                        steps, max_frames, result)
 
         speech = Speech(frames(), result, seed, noise)
-        speech.prompt_tokens, speech.voices = len(prompt.ids), voices
+        speech.prompt_tokens, speech.voices, speech.segments = len(prompts[0].ids), voices, len(prompts)
         return speech
+
+    def segments(self, script: Script, voice_frames: list[int]) -> list[Script]:
+        """The script whole or, where its prompt would leave too little of the model's context for the steps
+        upstream allows it (twice its length), in consecutive parts of its lines (a line too long cut at
+        sentence ends) whose prompts, with all the voices, each take at most a third of the positions."""
+        tokenizer = self.bundle.tokenizer
+        limit = self.backend.max_positions // (1 + MAX_LENGTH_TIMES)
+        if len(build_prompt(tokenizer, script, voice_frames).ids) <= limit:
+            return [script]
+        cost = lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)  # noqa: E731
+        fixed = len(build_prompt(tokenizer, Script(((script.lines[0][0], ""),), script.offset), voice_frames).ids)
+        budget = limit - fixed
+        if budget < 16:
+            raise VibeVoiceError(f"the voice samples take {fixed} of the {limit} prompt positions a part of a script may "
+                                 "have here; use shorter voice samples")
+        label = lambda number: f" Speaker {number - script.offset}:"  # noqa: E731 (as build_prompt writes a line)
+        lines = [(number, piece) for number, text in script.lines
+                 for piece in ([text] if cost(f"{label(number)} {text}\n") <= budget
+                               else split_text(text, cost, budget - cost(label(number)) - 2))]
+        parts: list[list[tuple[int, str]]] = [[]]
+        used = 0
+        for number, text in lines:
+            line = cost(f"{label(number)} {text}\n")
+            if parts[-1] and used + line > budget:
+                parts.append([])
+                used = 0
+            parts[-1].append((number, text))
+            used += line
+        return [Script(tuple(part), script.offset) for part in parts]
 
 
 class LargeTTS(LongFormTTS):
