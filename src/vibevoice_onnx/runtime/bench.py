@@ -148,10 +148,12 @@ def _defaults(function) -> dict:
 
 
 def result_of(kind: str):
+    """An empty result of the kind's loop that hands its audio out without keeping it (a long run's memory is
+    then the model's own)."""
     from ..generation.realtime import GenerationResult
     from ..generation.tts15b import LongFormResult
 
-    return GenerationResult() if kind == "realtime" else LongFormResult()  # 1.5B and Large
+    return GenerationResult(keep_audio=False) if kind == "realtime" else LongFormResult(keep_audio=False)
 
 
 def gate_status(bundle: Bundle) -> str:
