@@ -1,6 +1,7 @@
 """The torch-free runtime: no torch import anywhere, the Python API, and `speak` from the command line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -256,3 +257,67 @@ def test_the_cache_gate_catches_a_cache_that_is_not_written_in_place(tiny_bundle
             cache.buffers = saved
     monkeypatch.setattr(OnnxLm, "_in_place", on_a_copy)
     assert not cache_gate("upper_lm", lm, probe).passed
+
+
+def _resident_fraction(array: np.ndarray) -> float:
+    """The share of an array's memory pages the process holds now (Linux mincore): whole-process RSS would
+    move with whatever the garbage collector frees beside it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = array.ctypes.data // page * page
+    pages = -(-(array.ctypes.data + array.nbytes - start) // page)
+    vector = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vector) == 0, ctypes.get_errno()
+    return sum(flag & 1 for flag in vector) / pages
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads page residency with Linux mincore")
+def test_a_planned_cache_is_resident_at_once_and_an_unplanned_one_only_where_written():
+    from types import SimpleNamespace
+
+    from vibevoice_onnx.runtime.lm import KvCache
+
+    # KvCache reads only the graph's K/V shapes; buffers of 48 MB and more are mapped apart from the heap
+    lm = SimpleNamespace(kv_shapes=[(8, 128)] * 2)
+    lazy = KvCache.planned(lm, 2, 3000, None, 1 << 20)
+    assert lazy.capacity == 6000 and all(_resident_fraction(buffer) < 0.05 for buffer in lazy.buffers)
+    planned = KvCache.planned(lm, 2, 3000, 10_000, 8192)
+    assert planned.capacity == 8192  # the model's positions bound the plan
+    # taken before the first step, so a run cannot grow into an OOM
+    assert all(_resident_fraction(buffer) == 1.0 for buffer in planned.buffers)
+
+
+@pytest.mark.parametrize("bundle_fixture", ["tiny_bundle", "tiny_15b_bundle"])
+def test_a_run_of_known_length_sizes_its_caches_once_and_gives_the_same_latents(bundle_fixture, request, monkeypatch):
+    from vibevoice_onnx.generation import realtime as realtime_loop
+    from vibevoice_onnx.generation import tts15b as tts15b_loop
+    from vibevoice_onnx.runtime.bench import bench_kind, result_of
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.lm import KvCache
+
+    bundle = Bundle(request.getfixturevalue(bundle_fixture))
+    backend_class, bench_frames = bench_kind(bundle.kind)
+    grown, original_reserve = [], KvCache.reserve
+
+    def reserve(cache, length):
+        if length > cache.capacity:
+            grown.append((cache.capacity, length))
+        original_reserve(cache, length)
+
+    def run() -> np.ndarray:
+        result = result_of(bundle.kind)
+        for _ in bench_frames(backend_class(bundle), bundle, bundle.voices()[0], 300, result):
+            pass
+        assert result.frames == 300
+        return np.stack(result.latents)
+
+    monkeypatch.setattr(KvCache, "reserve", reserve)
+    planned = run()
+    assert grown == []  # every cache was made for the whole run: no copy into a larger one mid-stream
+    monkeypatch.setattr(realtime_loop, "planned_positions", lambda *args: (None, None))
+    monkeypatch.setattr(tts15b_loop, "planned_steps", lambda *args: None)
+    unplanned = run()
+    assert grown  # without a plan the same run passes its first capacity and doubles
+    np.testing.assert_array_equal(planned, unplanned)

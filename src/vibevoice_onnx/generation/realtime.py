@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
-from ..text import SPEECH_WINDOW, text_windows
+from ..text import SPEECH_WINDOW, TEXT_WINDOW, text_windows
 from ..voices import VoicePrompt
 from .common import LmStream, SpeechResult, Teacher, decode_latents, emitted_latent, record_conditions, sample_next
 
@@ -45,8 +45,9 @@ class RealtimeBackend(Protocol):
 
     def embed_text(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
     def type_embedding(self, index: int) -> np.ndarray: ...  # [H]
-    def text_stream(self, layers) -> "LmStream": ...  # the lower LM from the voice prompt's cache
-    def guided_streams(self, positive, negative) -> "GuidedStreams": ...  # the upper LM, both CFG streams
+    # `planned`: the positions a run will add past the prompt, where known (a backend may size its caches for it)
+    def text_stream(self, layers, planned: int | None = None) -> "LmStream": ...  # the lower LM from the prompt's cache
+    def guided_streams(self, positive, negative, planned: int | None = None) -> "GuidedStreams": ...  # upper LM, both CFG streams
     def velocity(self, noisy: np.ndarray, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray: ...
     # velocity(noisy, t) for these conditions [rows, H] at any of these sampler timesteps:
     def head_at(self, conditions: np.ndarray, timesteps: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]: ...
@@ -73,6 +74,10 @@ class GuidedStreams:
 
     def speech(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.positive.step(embeds)[:, -1], self.negative.step(embeds)[:, -1]
+
+
+POSITIONS_PER_TOKEN = 1 + SPEECH_WINDOW / TEXT_WINDOW  # upper-LM positions per text token while text lasts
+TAIL_FRAMES = 60  # frames a text's speech is allowed past its last window (8 s), when planning positions
 
 
 @dataclass
@@ -139,6 +144,16 @@ class TextSegments:
     segments: tuple[list[int], ...]
 
 
+def planned_positions(tokens: int, max_frames: int | None, frames_done: int) -> tuple[int, int]:
+    """The positions a segment of `tokens` text tokens adds past the voice prompt: the lower LM its tokens, the
+    upper LM its tokens and frames (what `max_frames` leaves, else the text's windows and a tail to EOS)."""
+    if max_frames is not None:
+        frames = max_frames - frames_done
+    else:
+        frames = -(-tokens // TEXT_WINDOW) * SPEECH_WINDOW + TAIL_FRAMES
+    return tokens, tokens + frames
+
+
 def realtime_frames(
     backend: RealtimeBackend,
     prompt: VoicePrompt,
@@ -165,7 +180,9 @@ def realtime_frames(
             result.segments.append(result.frames)
         streamed = not isinstance(piece, (list, tuple))
         windows = iter(piece) if streamed else iter(text_windows(piece))
-        for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher):
+        plan = (None, None) if streamed else planned_positions(len(piece), max_frames, result.frames)
+        for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher,
+                          plan):
             yield from decoder.add(z)
         if result.stop_reason == "max_frames":
             break
@@ -174,13 +191,13 @@ def realtime_frames(
 
 def _latents(backend: RealtimeBackend, prompt: VoicePrompt, windows: Iterator[list[int]], noise: NoiseSource, cfg_scale: float,
              steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool,
-             teacher: Teacher | None) -> Iterator[np.ndarray]:
+             teacher: Teacher | None, plan: tuple[int | None, int | None]) -> Iterator[np.ndarray]:
     """The latents z in order; the caller records each before the next is made."""
     if max_frames is not None and max_frames < 1:
         raise VibeVoiceError(f"max_frames must be at least 1, got {max_frames}")
     schedule = DpmSolverSchedule.create(steps, backend.train_steps)
-    lm = backend.text_stream(prompt.lm)
-    tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm)
+    lm = backend.text_stream(prompt.lm, plan[0])
+    tts = backend.guided_streams(prompt.tts_lm, prompt.neg_tts_lm, plan[1])
     h_pos = np.asarray(prompt.tts_condition, np.float32)[None]
     h_neg = np.asarray(prompt.neg_condition, np.float32)[None]
     text_type, speech_type = backend.type_embedding(TEXT_TYPE), backend.type_embedding(SPEECH_TYPE)

@@ -74,7 +74,7 @@ class Tts15bBackend(Protocol):
 
     def embed(self, ids: list[int]) -> np.ndarray: ...  # [1, S, H]
     def choice_logits(self, hidden: np.ndarray, ids: list[int]) -> np.ndarray: ...  # tied-head logits of `ids`
-    def guided_lm(self) -> GuidedLm: ...
+    def guided_lm(self, planned: int | None = None) -> GuidedLm: ...  # `planned`: steps the run may take, if known
     def velocity(self, noisy: np.ndarray, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray: ...
     # velocity(noisy, t) for these conditions [rows, H] at any of these sampler timesteps:
     def head_at(self, conditions: np.ndarray, timesteps: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]: ...
@@ -137,6 +137,15 @@ def prompt_embeddings(backend: Tts15bBackend, prompt: Prompt, voices: list[np.nd
 Choose = Callable[[int, int], int]  # (step, greedy token) -> the token to feed on
 
 
+def planned_steps(max_steps: int, max_frames: int | None, frames_done: int) -> int | None:
+    """The steps a run bounded by `max_frames` may take: one per frame and a few turns' start and end tokens
+    (a plan: a run that passes it still runs on); None where only EOS ends the run."""
+    if max_frames is None:
+        return None
+    frames = max_frames - frames_done
+    return min(max_steps, frames + frames // 8 + 16)
+
+
 def long_form_frames(
     backend: Tts15bBackend,
     prompt_embeds: np.ndarray,
@@ -169,7 +178,7 @@ def long_form_frames(
                              f"{backend.max_positions} positions; shorten the script or the voice samples")
     schedule = DpmSolverSchedule.create(steps, backend.train_steps)
     choices = ids.choices
-    lm = backend.guided_lm()
+    lm = backend.guided_lm(planned_steps(max_steps, max_frames, result.frames))
     hidden, last_input = lm.prefill(prompt_embeds), prompt_embeds[:, -1:]
     decoder_state, semantic_state = backend.new_decoder_state(), backend.new_semantic_state()
     for step in range(max_steps):

@@ -116,10 +116,10 @@ class TorchRealtimeBackend:
         run = lambda embeds, positions, cache: (step(as_tensor(embeds), torch.from_numpy(positions), cache).numpy(), cache)  # noqa: E731
         return LmStream(run, cache, layers[0][0].shape[2])
 
-    def text_stream(self, layers):
+    def text_stream(self, layers, planned=None):  # transformers' DynamicCache grows as it goes
         return self._stream(self.model.lower_step, layers)
 
-    def guided_streams(self, positive, negative):
+    def guided_streams(self, positive, negative, planned=None):
         # Upstream runs the two CFG streams as separate batch-1 forwards; so does the reference.
         return GuidedStreams(self._stream(self.model.upper_step, positive), self._stream(self.model.upper_step, negative))
 

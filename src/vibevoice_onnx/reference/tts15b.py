@@ -145,7 +145,7 @@ class TorchTts15bBackend:
     def choice_logits(self, hidden, ids):
         return (self.ref.model.lm_head.weight[ids] @ as_tensor(hidden)[0]).numpy()
 
-    def guided_lm(self):
+    def guided_lm(self, planned=None):  # transformers' DynamicCache grows as it goes
         return TorchGuidedLm(self.parts.language_model)
 
     def velocity(self, noisy, timesteps, conditions):

@@ -29,18 +29,36 @@ class KvCache:
     buffers (past and present bound to the same memory), so a step costs its attention over the filled part
     and no copy of what came before; the capacity doubles (one copy) only when a step would pass it. Not in
     place (`in_place=False`, the growing form verify gates it against), every call returns a longer copy, as
-    the graphs' caches grew before. Zeroed buffers cost memory only where written."""
+    the graphs' caches grew before. Zeroed buffers cost memory only where written, unless `resident`:
+    a run that knows its length sizes its cache for it and writes it all at once, so its memory is taken before
+    its first step (a run that cannot fit fails at its start, not minutes in) and stays flat to its end."""
 
-    def __init__(self, lm: "OnnxLm", rows: int = 1, capacity: int = MIN_CAPACITY, in_place: bool = True):
+    def __init__(self, lm: "OnnxLm", rows: int = 1, capacity: int = MIN_CAPACITY, in_place: bool = True,
+                 resident: bool = False):
         self.lm, self.in_place = lm, in_place
         self.lengths = np.zeros(rows, np.int64)
         self.buffers = [np.zeros((rows, heads, capacity if in_place else 0, dim), F32) for heads, dim in lm.kv_shapes]
+        if resident:
+            for buffer in self.buffers:
+                buffer.fill(0)  # np.zeros maps its pages lazily; writing them makes them the process's now
 
     @classmethod
-    def of_streams(cls, lm: "OnnxLm", streams: list[list[np.ndarray]], in_place: bool = True) -> "KvCache":
-        """A cache whose row r starts as stream r's flat K/V list ([1, KV, P_r, D] each; a voice preset's)."""
+    def planned(cls, lm: "OnnxLm", rows: int, length: int, planned: int | None, limit: int,
+                in_place: bool = True) -> "KvCache":
+        """A cache for rows that will hold `length` positions and then `planned` more, at most `limit` in all
+        (resident), or, where `planned` is None (a run of unknown length), room for twice `length`, grown as
+        needed."""
+        if planned is None or not in_place:
+            return cls(lm, rows, max(MIN_CAPACITY, 2 * length) if in_place else 0, in_place)
+        return cls(lm, rows, max(length, min(limit, length + planned)), in_place, resident=True)
+
+    @classmethod
+    def of_streams(cls, lm: "OnnxLm", streams: list[list[np.ndarray]], in_place: bool = True,
+                   planned: int | None = None, limit: int = 0) -> "KvCache":
+        """A cache whose row r starts as stream r's flat K/V list ([1, KV, P_r, D] each; a voice preset's),
+        sized as `planned` asks (see `planned`)."""
         longest = max(stream[0].shape[2] for stream in streams)
-        cache = cls(lm, len(streams), max(MIN_CAPACITY, 2 * longest) if in_place else 0, in_place)
+        cache = cls.planned(lm, len(streams), longest, planned, limit, in_place)
         cache.reserve(longest)
         for row, stream in enumerate(streams):
             length = stream[0].shape[2]

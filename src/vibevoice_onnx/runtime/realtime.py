@@ -18,11 +18,11 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..generation.common import LmStream
-from ..generation.realtime import GenerationResult, TextSegments, realtime_frames
+from ..generation.realtime import POSITIONS_PER_TOKEN, TAIL_FRAMES, GenerationResult, TextSegments, realtime_frames
 from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import assign_voices, parse_script
-from ..text import SPEECH_WINDOW, TEXT_WINDOW, TextFeed, encode_tts_text, split_text
+from ..text import TEXT_WINDOW, TextFeed, encode_tts_text, split_text
 from .bundle import Bundle
 from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
@@ -34,8 +34,6 @@ DECODE_GROUP = 3
 # A text whose speech would pass the upper LM's context is spoken in segments cut at sentence ends, each from the
 # voice prompt: a segment's text tokens take their own positions and those of the speech frames their windows
 # bring, and some room stays for the speech after its last window (until EOS).
-POSITIONS_PER_TOKEN = 1 + SPEECH_WINDOW / TEXT_WINDOW
-TAIL_FRAMES = 60
 BENCH_TEXT = (
     "VibeVoice turns text into speech one frame at a time. This benchmark measures how fast the ONNX runtime "
     "speaks compared with the PyTorch reference, on the same weights, with the same voice and the same noise."
@@ -74,17 +72,20 @@ class OnnxRealtimeBackend:
     def type_embedding(self, index):
         return self.types[index]
 
-    def stream(self, name: str, layers, in_place: bool = True) -> LmStream:
-        """One stream of LM `name` from a voice prompt's (K, V) per layer."""
+    def stream(self, name: str, layers, in_place: bool = True, planned: int | None = None) -> LmStream:
+        """One stream of LM `name` from a voice prompt's (K, V) per layer (`planned`: see KvCache.planned)."""
         lm = self.lms[name]
-        return LmStream(lm.unbatched, KvCache.of_streams(lm, [flat_cache(layers)], in_place), layers[0][0].shape[2])
+        cache = KvCache.of_streams(lm, [flat_cache(layers)], in_place, planned, self.max_positions)
+        return LmStream(lm.unbatched, cache, layers[0][0].shape[2])
 
-    def text_stream(self, layers):
-        return self.stream("lower_lm", layers)
+    def text_stream(self, layers, planned=None):
+        return self.stream("lower_lm", layers, planned=planned)
 
-    def guided_streams(self, positive, negative):
+    def guided_streams(self, positive, negative, planned=None):
         lm = self.lms["upper_lm"]
-        return BatchedGuidedStreams(lm, KvCache.of_streams(lm, [flat_cache(positive), flat_cache(negative)]))
+        cache = KvCache.of_streams(lm, [flat_cache(positive), flat_cache(negative)], planned=planned,
+                                   limit=self.max_positions)
+        return BatchedGuidedStreams(lm, cache)
 
     def velocity(self, noisy, timesteps, conditions):
         return self.head.velocity(noisy, timesteps, conditions)

@@ -23,7 +23,7 @@ from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import Script, assign_voices, build_prompt, parse_script
 from ..text import split_text
-from .lm import MIN_CAPACITY, POSITIVE, BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
+from .lm import POSITIVE, BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -62,13 +62,13 @@ class OnnxGuidedLm:
     never run. A `<|vision_start|>` empties the negative row, so its next token sits at position 0 alone.
     """
 
-    def __init__(self, lm: OnnxLm, in_place: bool = True):
-        self.lm, self.in_place = lm, in_place
+    def __init__(self, lm: OnnxLm, in_place: bool = True, planned: int | None = None, limit: int = 0):
+        self.lm, self.in_place, self.planned, self.limit = lm, in_place, planned, limit
         self.streams: BatchedGuidedStreams | None = None
         self.speculated: tuple[np.ndarray, np.ndarray] | None = None  # (input, negative hidden) of the last step
 
     def prefill(self, embeds):
-        cache = KvCache(self.lm, 2, max(MIN_CAPACITY, 2 * embeds.shape[1]), self.in_place)
+        cache = KvCache.planned(self.lm, 2, embeds.shape[1], self.planned, self.limit, self.in_place)
         hidden = self.lm.run(embeds, cache, POSITIVE)
         self.streams = BatchedGuidedStreams(self.lm, cache)
         return hidden[:, -1]
@@ -123,8 +123,8 @@ class OnnxTts15bBackend:
     def choice_logits(self, hidden, ids):
         return self.head_table[ids].astype(F32) @ hidden[0].astype(F32)
 
-    def guided_lm(self):
-        return OnnxGuidedLm(self.lm)
+    def guided_lm(self, planned=None):
+        return OnnxGuidedLm(self.lm, planned=planned, limit=self.max_positions)
 
     def velocity(self, noisy, timesteps, conditions):
         return self.head.velocity(noisy, timesteps, conditions)
