@@ -204,7 +204,7 @@ def cmd_bench(args) -> int:
 
     report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
                    reference=Path(args.reference) if args.reference else None, threads=args.threads,
-                   decode_group=args.decode_group)
+                   decode_group=args.decode_group, streams=args.streams)
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -373,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=cli_type("threads"), help="intra-op threads (default: all cores)")
     p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="realtime: frames per decoder "
                    "call after the first (default: the runtime's)")
+    p.add_argument("--streams", type=cli_type("max_streams"), default=1, metavar="N", help="realtime: N generations "
+                   "at once, batched on one model (the bundle's voices in turn, different texts), and one alone in the "
+                   "same run: throughput, each stream's real-time factor, first audio and late frames")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
                    "what each latent cost along the run (needs matplotlib)")

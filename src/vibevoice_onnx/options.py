@@ -29,6 +29,7 @@ LIMITS = {
     "decode_group": Limit(1, 64, True),  # realtime: frames decoded per call after the first
     "max_new_tokens": Limit(1, 131072, True),  # ASR: tokens generated at most
     "turn_gap": Limit(0.0, 60.0, False),  # realtime dialogue: seconds of silence between turns
+    "max_streams": Limit(1, 256, True),  # generations batched on one model
 }
 
 

@@ -143,8 +143,86 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
 
 
 def _defaults(function) -> dict:
+    """The bench generation's options as reported (keyword-only parameters pick a stream, they are no option)."""
     return {name: p.default for name, p in inspect.signature(function).parameters.items()
-            if p.default not in (inspect.Parameter.empty, None)}
+            if p.default not in (inspect.Parameter.empty, None) and p.kind != p.KEYWORD_ONLY}
+
+
+def stream_batch(kind: str):
+    """The class that batches several generations of a TTS kind on one model."""
+    from . import realtime
+
+    if kind != "realtime":
+        raise VibeVoiceError(f"bench --streams batches realtime bundles so far; this one is '{kind}'")
+    return realtime.StreamBatch
+
+
+def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, threads: int | None,
+                options: dict) -> dict:
+    """`streams` generations at once, batched (stream k: voice k of the bundle's, cycled, text k, seed 42 + k),
+    and stream 0 alone before them, in this one process: throughput, each stream's real-time factor, first
+    audio and the frames that missed their playback deadline, per-graph time per batched frame."""
+    bundle = Bundle(Path(bundle_dir), threads=threads)
+    backend_class, bench_frames = bench_kind(bundle.kind)
+    batch_class = stream_batch(bundle.kind)
+    timings = bundle.time_calls()
+    backend = backend_class(bundle)
+    voices = [voice] if voice else bundle.voices()
+    if not voices:
+        raise VibeVoiceError(f"{bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+    options = {**_defaults(bench_frames), **options}
+    next(iter(bench_frames(backend, bundle, voices[0], 1, result_of(bundle.kind), **options)))  # sessions warm
+    runs = {}
+    for count in (1, streams):
+        for values in timings.values():
+            values.clear()
+        batch = batch_class(backend, count) if count > 1 else None
+        generations = [bench_frames(backend, bundle, voices[k % len(voices)], frames, result_of(bundle.kind), **options,
+                                    stream=k, batch=batch) for k in range(count)]
+        runs[count] = {**timed_streams(generations), "voices": [voices[k % len(voices)] for k in range(count)],
+                       "graphs": {name: {"calls": len(values), "ms_per_frame": 1000 * sum(values) / frames}
+                                  for name, values in sorted(timings.items())},
+                       "batches": {kind: {"calls": sum(sizes), "batches": len(sizes), "largest": max(sizes)}
+                                   for kind, sizes in (batch.batcher.batches.items() if batch else ())}}
+    alone, together = runs[1], runs[streams]
+    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+            "gates": gate_status(bundle), "frames": frames, "options": options, "streams": streams,
+            "alone": alone, "together": together, "throughput_ratio": together["throughput"] / alone["throughput"],
+            "peak_memory_bytes": peak_memory_bytes()}
+
+
+def timed_streams(generations: list[Iterator[np.ndarray]]) -> dict:
+    """Read every generation in its own thread from one start: when each chunk was ready, per stream."""
+    import threading
+
+    times: list[list[float]] = [[] for _ in generations]
+    errors: list[BaseException] = []
+    start = time.perf_counter()
+
+    def read(index: int) -> None:
+        try:
+            for _ in generations[index]:
+                times[index].append(time.perf_counter() - start)
+        except BaseException as error:  # re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(len(generations))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    wall = max(stream[-1] for stream in times)
+    audio = sum(len(stream) for stream in times) * FRAME_SECONDS
+    per_stream = [{"first_audio_seconds": stream[0], "real_time_factor": stream[-1] / (len(stream) * FRAME_SECONDS),
+                   "late_frames": late_frames(stream)} for stream in times]
+    return {"wall_seconds": wall, "throughput": audio / wall, "per_stream": per_stream, "chunk_times": times}
+
+
+def late_frames(times: list[float]) -> int:
+    """Frames after the first that were ready after a listener who starts at the first audio plays them."""
+    return sum(ready > times[0] + k * FRAME_SECONDS for k, ready in enumerate(times) if k)
 
 
 def result_of(kind: str):
@@ -173,11 +251,18 @@ def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, t
 
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
-          threads: int | None = None, decode_group: int | None = None) -> dict:
-    """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's."""
+          threads: int | None = None, decode_group: int | None = None, streams: int = 1) -> dict:
+    """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's. With
+    `streams` > 1, the report of `run_streams` (no reference)."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
     options = {} if decode_group is None else {"decode_group": decode_group}
+    if streams > 1:
+        if reference is not None:
+            raise VibeVoiceError("bench --streams compares batched streams with one alone; run --reference without it")
+        report = run_streams(bundle_dir, frames, streams, voice, threads, options)
+        report["bandwidth_bytes_per_second"] = memory_bandwidth(threads)
+        return report
     runtime = run_runtime(bundle_dir, frames, voice, threads, options)  # first: its peak memory is its own
     bandwidth = memory_bandwidth(threads)
     report = {"runtime": runtime, "bandwidth_bytes_per_second": bandwidth}
@@ -187,7 +272,27 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     return report
 
 
+def format_streams_report(report: dict) -> str:
+    alone, together = report["alone"], report["together"]
+    lines = [f"bundle        {report['bundle']} ({report['kind']} {report['precision']}, gates {report['gates']}), "
+             f"{report['frames']} latents a stream; peak memory {report['peak_memory_bytes'] / 1e9:.2f} GB"]
+    for label, run in (("1 stream", alone), (f"{report['streams']} streams", together)):
+        streams = run["per_stream"]
+        lines.append(f"{label:<13} {run['throughput']:.2f} s of audio per second, {run['wall_seconds']:.1f} s; per stream: "
+                     + ", ".join(f"RTF {s['real_time_factor']:.3f} first audio {1000 * s['first_audio_seconds']:.0f} ms "
+                                 f"{s['late_frames']} late" for s in streams))
+        lines.append("  per graph   " + ", ".join(f"{name} {g['ms_per_frame']:.1f} ms ({g['calls']} calls)"
+                                                  for name, g in run["graphs"].items()))
+    if together["batches"]:
+        lines.append("  batches     " + ", ".join(f"{kind} {b['calls']} calls in {b['batches']} (at most {b['largest']})"
+                                                  for kind, b in together["batches"].items()))
+    lines.append(f"throughput    {report['throughput_ratio']:.2f}x that of one stream")
+    return "\n".join(lines)
+
+
 def format_report(report: dict) -> str:
+    if "streams" in report:
+        return format_streams_report(report)
     runtime = report["runtime"]
     per_frame = 1000 * runtime["wall_seconds"] / runtime["frames"]
     options = "".join(f", {name.replace('_', ' ')} {value}" for name, value in runtime["options"].items())
@@ -240,9 +345,14 @@ def plot(report: dict, path: Path) -> None:
     except ImportError:
         raise VibeVoiceError("--plot needs matplotlib (pip install matplotlib)") from None
     figure, (ready, cost) = plt.subplots(2, 1, figsize=(8, 8))
-    for label, run in (("runtime", report["runtime"]), ("PyTorch reference", report.get("reference"))):
-        if run:
-            times = np.asarray(run["chunk_times"])
+    if "streams" in report:  # each batched stream against its own deadline
+        runs = [(f"stream {k}", times) for k, times in enumerate(report["together"]["chunk_times"])]
+    else:
+        runs = [("runtime", report["runtime"]["chunk_times"])]
+        runs += [("PyTorch reference", report["reference"]["chunk_times"])] if "reference" in report else []
+    for label, chunk_times in runs:
+        if chunk_times:
+            times = np.asarray(chunk_times)
             frames = np.arange(1, len(times) + 1)
             ready.plot(frames, times, marker=".", label=f"{label}: audio ready")
             ready.plot(frames, times[0] + (frames - 1) * FRAME_SECONDS, linestyle="--", linewidth=1,
@@ -254,7 +364,7 @@ def plot(report: dict, path: Path) -> None:
             cost.plot(np.arange(2, 2 + len(smooth)) + (window - 1) / 2, smooth, label=label)
     ready.set_xlabel("latent (133 ms of audio each)")
     ready.set_ylabel("seconds since the request")
-    ready.set_title(f"{Path(report['runtime']['bundle']).name}: per-latent latency")
+    ready.set_title(f"{Path(report.get('bundle') or report['runtime']['bundle']).name}: per-latent latency")
     ready.legend()
     cost.set_xlabel("latent")
     cost.set_ylabel("ms per latent (moving mean)")

@@ -59,13 +59,17 @@ class KvCache:
         sized as `planned` asks (see `planned`)."""
         longest = max(stream[0].shape[2] for stream in streams)
         cache = cls.planned(lm, len(streams), longest, planned, limit, in_place)
-        cache.reserve(longest)
         for row, stream in enumerate(streams):
-            length = stream[0].shape[2]
-            for buffer, tensor in zip(cache.buffers, stream):
-                buffer[row, :, :length] = tensor[0]
-            cache.lengths[row] = length
+            cache.load(row, stream)
         return cache
+
+    def load(self, row: int, stream: list[np.ndarray]) -> None:
+        """Row `row` starts afresh as `stream`, a flat K/V list [1, KV, P, D] each."""
+        length = stream[0].shape[2]
+        self.reserve(length)
+        for buffer, tensor in zip(self.buffers, stream):
+            buffer[row, :, :length] = tensor[0]
+        self.lengths[row] = length
 
     @property
     def capacity(self) -> int:
@@ -121,6 +125,20 @@ class OnnxLm:
         hidden = self._in_place(feeds, cache, rows) if cache.in_place else self._growing(feeds, cache, rows, total)
         cache.lengths[rows] += count
         return hidden
+
+    def step_rows(self, rows: list[int], embeds: np.ndarray, cache: KvCache) -> np.ndarray:
+        """One token for each of `rows` (any rows of the cache, in any order; embeds [len(rows), 1, H]) in one
+        call: hidden [len(rows), H]. The graph runs over the block of rows up to the highest; a row of the block
+        that is not in `rows` takes a zero token, whose keys land past its length and are never read, and keeps
+        its length (its next step overwrites them)."""
+        block = max(rows) + 1
+        padded = np.zeros((block,) + embeds.shape[1:], F32)
+        padded[rows] = embeds
+        lengths = cache.lengths[:block].copy()
+        hidden = self.run(padded, cache, slice(0, block))
+        idle = np.setdiff1d(np.arange(block), rows)
+        cache.lengths[idle] = lengths[idle]
+        return hidden[rows, -1]
 
     def _in_place(self, feeds: dict, cache: KvCache, rows: slice) -> np.ndarray:
         binding = self.session.io_binding()
@@ -200,15 +218,25 @@ class OnnxDiffusionHead:
 
     def at(self, conditions: np.ndarray, timesteps: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
         """velocity(noisy, t) for the rows of `conditions` at each of `timesteps`, conditioned in one call."""
-        rows = len(conditions)
-        modulation = self.modulation(np.repeat(timesteps, rows), np.tile(conditions, (len(timesteps), 1)))
-        step_of = {float(t): k for k, t in enumerate(timesteps)}
+        modulation = self.modulation(*conditioning_rows(conditions, timesteps))
+        return head_stepper(modulation, len(conditions), timesteps, self.run_step)
 
-        def velocity(noisy: np.ndarray, t: float) -> np.ndarray:
-            k = step_of[float(t)]
-            return self.run_step(noisy, modulation[k * rows : (k + 1) * rows])
 
-        return velocity
+def conditioning_rows(conditions: np.ndarray, timesteps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The conditioning graph's rows for every (timestep, condition) pair: timestep-major."""
+    return np.repeat(timesteps, len(conditions)), np.tile(conditions, (len(timesteps), 1))
+
+
+def head_stepper(modulation: np.ndarray, rows: int, timesteps: np.ndarray,
+                 run_step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, float], np.ndarray]:
+    """velocity(noisy, t) from the modulation of `conditioning_rows` (`rows` conditions per timestep)."""
+    step_of = {float(t): k for k, t in enumerate(timesteps)}
+
+    def velocity(noisy: np.ndarray, t: float) -> np.ndarray:
+        k = step_of[float(t)]
+        return run_step(noisy, modulation[k * rows : (k + 1) * rows])
+
+    return velocity
 
 
 class StreamingConv:

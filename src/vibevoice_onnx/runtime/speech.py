@@ -42,11 +42,16 @@ class Speech:
 
     def __iter__(self) -> Iterator[AudioChunk]:
         start = time.perf_counter()
-        for index, samples in enumerate(self._frames):
-            if self.first_chunk_seconds is None:
-                self.first_chunk_seconds = time.perf_counter() - start
-            self.seconds = time.perf_counter() - start
-            yield AudioChunk(samples, SAMPLE_RATE, index)
+        try:
+            for index, samples in enumerate(self._frames):
+                if self.first_chunk_seconds is None:
+                    self.first_chunk_seconds = time.perf_counter() - start
+                self.seconds = time.perf_counter() - start
+                yield AudioChunk(samples, SAMPLE_RATE, index)
+        finally:  # a reader that gives up stops the generation (a batched one leaves its batch) now, not at GC
+            close = getattr(self._frames, "close", None)
+            if close is not None:
+                close()
         self.seconds = time.perf_counter() - start
 
     @property

@@ -18,7 +18,8 @@ from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
-from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend
+from ..generation.batching import read_together
+from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, StreamBatch
 from ..sampling import NoiseSource
 from ..text import SPEECH_WINDOW, encode_tts_text
 from ..voices import VoicePrompt
@@ -152,10 +153,45 @@ def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None)
     return reference_prompt(model, bundle.tokenizer), "(computed by the reference)"
 
 
-def reference_prompt(model: RealtimeModel, tokenizer) -> VoicePrompt:
+def reference_prompt(model: RealtimeModel, tokenizer, text: str = "A voice prompt.\n") -> VoicePrompt:
     from ..reference.presets import as_voice_prompt, prompt_from_text
 
-    return as_voice_prompt(prompt_from_text(model, tokenizer, "A voice prompt.\n"))
+    return as_voice_prompt(prompt_from_text(model, tokenizer, text))
+
+
+BATCH_GATE_VOICES = ("A voice prompt.\n", "Another voice, with a longer prompt of its own.\n", "Third.\n")
+BATCH_GATE_FRAMES = (CLOSED_LOOP_FRAMES, 12, 9)
+BATCH_GATE_TEXTS = (CLOSED_LOOP_TEXT, "A shorter text for the second stream.", "The third joins late.")
+
+
+def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenizer) -> Gate:
+    """Three streams of different voices, texts and lengths batched on one model (the third joining after
+    the first has made three frames) against each run alone: latents and audio the same (cosine 0.99999),
+    the same EOS decision at every frame. Batching must change nothing, at any precision."""
+    jobs = [(reference_prompt(model, tokenizer, voice), encode_tts_text(tokenizer, text), frames, SEED + k)
+            for k, (voice, text, frames) in enumerate(zip(BATCH_GATE_VOICES, BATCH_GATE_TEXTS, BATCH_GATE_FRAMES))]
+
+    def run(backend, result, job):
+        prompt, ids, frames, seed = job
+        noise = NoiseSource.from_seed(seed, model.dims.head.latent)
+        return realtime_frames(backend, prompt, ids, noise, CFG_SCALE, STEPS, frames, result, stop_on_eos=False,
+                               decode_group=DECODE_GROUP)
+
+    alone = [GenerationResult() for _ in jobs]
+    for result, job in zip(alone, jobs):
+        for _ in run(runtime, result, job):
+            pass
+    batch, batched = StreamBatch(runtime, len(jobs)), [GenerationResult() for _ in jobs]
+    streams = [batch.frames(lambda backend, wrap, r=result, j=job: run(backend, r, j)) for result, job in zip(batched, jobs)]
+    read_together(streams, late=2, after=3)
+    decisions = all([eos_fires(x) for x in a.eos_logits] == [eos_fires(x) for x in b.eos_logits]
+                    for a, b in zip(batched, alone))
+    gate = compare("batched streams == separate streams", [r.latents for r in batched] + [r.audio for r in batched],
+                   [r.latents for r in alone] + [r.audio for r in alone],
+                   f"3 streams of {'/'.join(map(str, BATCH_GATE_FRAMES))} frames, the third joining at the first's "
+                   f"frame 3; largest batch {max(batch.batcher.batches['upper_speech'])}", min_cosine=0.99999)
+    gate.passed &= decisions and [r.frames for r in batched] == [r.frames for r in alone]
+    return gate
 
 
 EOS_WEIGHT, EOS_BIAS = "tts_eos_classifier.fc2.weight", "tts_eos_classifier.fc2.bias"
@@ -208,4 +244,5 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: 
     prompt, voice = verification_prompt(bundle, model, voice)
     ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
     loop, loop_info = closed_loop(model, runtime, prompt, ids, limits)
-    return gates + loop, {"closed_loop": {**loop_info, "voice": voice}}
+    log("  batched streams against each alone")
+    return gates + loop + [batched_streams(model, runtime, bundle.tokenizer)], {"closed_loop": {**loop_info, "voice": voice}}
