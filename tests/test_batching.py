@@ -188,3 +188,24 @@ def test_a_frame_is_late_when_ready_after_a_listener_starting_at_the_first_audio
     on_time, late = 1.0 + FRAME_SECONDS - 0.01, 1.0 + 2 * FRAME_SECONDS + 0.01
     assert late_frames([1.0, on_time, late]) == 1
     assert late_frames([5.0]) == 0  # the first frame sets the clock: it is never late
+
+
+def test_a_stream_whose_reader_stalls_runs_only_a_little_ahead_and_holds_nobody_up(two_voice_tts, alone):
+    from vibevoice_onnx.generation.batching import AHEAD
+    from vibevoice_onnx.runtime.realtime import DECODE_GROUP
+
+    batch = two_voice_tts.batch(max_streams=2)
+    stalled = two_voice_tts.stream("A reader that stops reading, and never comes back for more of it.", "second",
+                                   seed=3, max_frames=60, batch=batch)
+    reading = iter(stalled)
+    next(reading)  # joined, and then not read again
+    running = two_voice_tts.stream(*JOBS[0][:2], seed=JOBS[0][2], max_frames=JOBS[0][3], batch=batch)
+    read_together([running], timeout=60)  # finishes although the other stream's reader is gone
+    assert_same(running.result, alone[0])
+    # the chunk read, AHEAD waiting, a decoder group's latents made before their audio, and one being made
+    assert stalled.result.frames <= 1 + AHEAD + DECODE_GROUP + 1
+    reading.close()
+    deadline = time.monotonic() + 30
+    while batch.batcher.live() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batch.batcher.live() == []  # cancelled while it waited for its reader

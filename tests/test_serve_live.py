@@ -256,6 +256,35 @@ def test_eight_concurrent_streams_are_neither_dropped_nor_mixed(server):
     assert len(set(alone.values())) == 8
 
 
+def test_four_concurrent_clients_share_the_models_steps_and_each_gets_its_own_audio(server):
+    client = server.client()
+    alone = {seed: speech(client, seed, 24, "pcm").content for seed in range(40, 44)}
+
+    def batching() -> dict:
+        with urllib.request.urlopen(urllib.request.Request(f"{server.url}/v1/models/vibevoice-realtime-cpu-fp32",
+                                                           headers={"Authorization": f"Bearer {KEY}"})) as r:
+            return json.load(r)["batching"]
+
+    before = batching()
+    assert before["max_streams"] == 4 and before["streams"] == 0
+    together: dict[int, bytes] = {}
+    start = threading.Barrier(4)
+
+    def fetch(seed):
+        start.wait()
+        together[seed] = speech(client, seed, 24, "pcm").content
+
+    threads = [threading.Thread(target=fetch, args=(seed,)) for seed in alone]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert together == alone  # sample for sample what each gets alone
+    after = batching()
+    assert after["shared_steps"] > before["shared_steps"] and after["largest_batch"] >= 2  # they were batched
+    assert after["streams"] == 0  # every stream left the batch
+
+
 def test_request_lines_are_logged(server):
     speech(server.client(), 2, 3, "wav")
     lines = [line for line in server.log.read_text().splitlines() if "POST /v1/audio/speech" in line]

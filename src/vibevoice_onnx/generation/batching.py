@@ -161,19 +161,33 @@ class Batcher:
                 call.done = True
 
 
+AHEAD = 8  # items a member may make before its reader takes them (a frame each: about a second of audio)
+
+
 def member_frames(batcher: Batcher, frames_of: Callable[[Member], Iterator[Any]]) -> Iterator[Any]:
     """What the loop `frames_of(member)` yields, the loop run in a thread of its own as a member of `batcher`.
 
     The member joins when the first item is asked for (so a stream made but never read holds nobody up) and
-    leaves when its loop ends; items queue up while the reader is slow (the batch never waits for a reader).
-    Closing the iterator cancels the loop at its next model call; an error in the loop is raised here."""
+    leaves when its loop ends. It runs at most AHEAD items ahead of its reader and waits parked beyond that, so
+    a slow reader slows only its own stream and holds no unbounded audio. Closing the iterator cancels the loop
+    at its next model call (or its next wait for the reader); an error in the loop is raised here."""
     member = batcher.join()
     items: queue.SimpleQueue = queue.SimpleQueue()
+    room = threading.Semaphore(AHEAD)
+
+    def wait_for_room() -> None:
+        if room.acquire(blocking=False):
+            return
+        with batcher.parked(member):
+            while not room.acquire(timeout=0.05):
+                if member.cancelled:
+                    raise StreamCancelled("the stream was cancelled")
 
     def work() -> None:
         error = None
         try:
             for item in frames_of(member):
+                wait_for_room()
                 items.put((True, item))
         except BaseException as exception:  # handed to the reader
             error = exception
@@ -189,6 +203,7 @@ def member_frames(batcher: Batcher, frames_of: Callable[[Member], Iterator[Any]]
                 if item is not None:
                     raise item
                 return
+            room.release()
             yield item
     finally:
         batcher.cancel(member)

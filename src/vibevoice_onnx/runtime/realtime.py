@@ -148,6 +148,13 @@ class StreamBatch:
         self.batcher = Batcher({"upper_speech": self._upper_speech, "conditioning": self._conditioning,
                                 "head_step": self._head_step, "connect": self._connect, "eos": self._eos}, max_streams)
 
+    def describe(self) -> dict:
+        """The batch's room, its streams now, and its upper-LM speech steps so far: those that served several
+        streams at once, and the most streams one served."""
+        sizes = self.batcher.batches.get("upper_speech", [])
+        return {"max_streams": self.batcher.max_members, "streams": len(self.batcher.live()),
+                "shared_steps": sum(size > 1 for size in sizes), "largest_batch": max(sizes, default=0)}
+
     def frames(self, run_loop):
         """What `run_loop(backend, wrap)` yields, run as a member of the batch on the member's backend; `wrap`
         makes an iterable of text windows one that is waited for parked (see generation.batching)."""
@@ -328,7 +335,8 @@ class RealtimeTTS(TtsModel):
         return StreamBatch(self.backend, max_streams)
 
     def dialogue(self, script: str, voices: dict, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
-                 max_frames: int | None = None, turn_gap: float = 0.0, decode_group: int = DECODE_GROUP) -> Dialogue:
+                 max_frames: int | None = None, turn_gap: float = 0.0, decode_group: int = DECODE_GROUP,
+                 batch: StreamBatch | None = None) -> Dialogue:
         """Speak a `Speaker N:` script, one line a turn: turn k (from 0) is `stream(its text, its speaker's
         voice, seed=seed + k)`, capped at `max_frames`, and `turn_gap` seconds of silence join the turns.
         `voices` maps each speaker number as written to a bundle voice (a None key: a script of one speaker)."""
@@ -345,7 +353,7 @@ class RealtimeTTS(TtsModel):
 
         def frames():
             for number, voice, turn_seed, text in speeches:
-                speech = self.stream(text, voice, cfg_scale, steps, turn_seed, None, max_frames, decode_group)
+                speech = self.stream(text, voice, cfg_scale, steps, turn_seed, None, max_frames, decode_group, batch)
                 speech.result.keep_audio = result.keep_audio  # a streamed dialogue holds no turn's audio either
                 turns.append((number, voice, turn_seed, speech.result))
                 for frame, samples in enumerate(speech._frames):

@@ -41,6 +41,7 @@ FORM_OVERHEAD = 64 * 1024  # multipart boundaries and text fields, beyond the up
 @dataclass
 class Settings:
     max_active: int = 4  # generations at once (each a worker thread)
+    max_batch: int = 4  # realtime generations of one bundle batched frame by frame (bench --streams measures it)
     max_queue: int = 16  # requests that may wait for one; beyond, 429
     max_input_chars: int = 4096
     max_upload_mb: float = 25.0  # OpenAI's own limit
@@ -49,7 +50,7 @@ class Settings:
     stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM: streams end cleanly
 
     def __post_init__(self):
-        for name, least in (("max_active", 1), ("max_queue", 0), ("max_input_chars", 1), ("max_upload_mb", 1e-3),
+        for name, least in (("max_active", 1), ("max_batch", 1), ("max_queue", 0), ("max_input_chars", 1), ("max_upload_mb", 1e-3),
                             ("body_timeout", 1e-3)):
             if not getattr(self, name) >= least:
                 flag = "--" + name.replace("_", "-")
@@ -259,7 +260,7 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
             raise ApiError(400, "a streamed text takes one voice", param="voice")
         try:
             generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
-                                                         **parsed.options)
+                                                         **parsed.options, **parsed.model.batched)
             if parsed.text:
                 generation.feed(parsed.text)
         except VibeVoiceError as e:

@@ -32,6 +32,12 @@ class ServedModel:
     bundle: Bundle
     runner: TtsModel | Transcriber  # sessions loaded once; onnxruntime runs them from several threads at once
     aliases: dict[str, str] = field(default_factory=dict)
+    batch: object | None = None  # the realtime runner's StreamBatch: concurrent requests share its model calls
+
+    @property
+    def batched(self) -> dict:
+        """The runner's options that put a generation in the model's batch (none where it has none)."""
+        return {"batch": self.batch} if self.batch is not None else {}
 
     @property
     def kind(self) -> str:
@@ -62,7 +68,8 @@ class ServedModel:
     def describe(self) -> dict:
         return {"id": self.id, "object": "model", "created": int(self.bundle.path.stat().st_mtime),
                 "owned_by": "vibevoice-onnx", "kind": self.kind, "precision": self.bundle.manifest["precision"],
-                "device": self.bundle.manifest["device"], "task": "speech" if self.task == "tts" else "transcription"}
+                "device": self.bundle.manifest["device"], "task": "speech" if self.task == "tts" else "transcription",
+                **({"batching": self.batch.describe()} if self.batch is not None else {})}
 
 
 class Models:
@@ -75,7 +82,8 @@ class Models:
 
     @classmethod
     def open(cls, paths: list[Path], threads: int | None = None, force: bool = False,
-             aliases: dict[str, str] | None = None) -> "Models":
+             aliases: dict[str, str] | None = None, max_batch: int = 1) -> "Models":
+        """`max_batch` > 1: realtime bundles batch that many concurrent generations frame by frame."""
         models, ids = [], set()
         for path in paths:
             bundle = Bundle(Path(path), threads=threads)
@@ -87,7 +95,8 @@ class Models:
                 raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
             model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)
             ids.add(model_id)
-            models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {})))
+            batch = runner.batch(max_batch) if bundle.kind == "realtime" and max_batch > 1 else None
+            models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {}), batch))
         for name, voice in (aliases or {}).items():
             if not any(voice in m.voices() for m in models):
                 raise VibeVoiceError(f"--voice-alias {name}={voice}: no served bundle has a voice '{voice}'")

@@ -92,7 +92,7 @@ def start(request: SpeechRequest) -> Speech:
     if not script:
         if len(request.voices) > 1:
             raise ApiError(400, "several voices are given, but the input has no 'Speaker N:' lines", param="voice")
-        return model.runner.stream(request.text, request.voices[0], **options)
+        return model.runner.stream(request.text, request.voices[0], **options, **model.batched)
     speakers = parse_script(request.text).speakers
     if len(request.voices) not in (1, len(speakers)) or len(request.voices) == 1 and len(speakers) > 1:
         raise ApiError(400, f"the script has {len(speakers)} speakers ({', '.join(map(str, speakers))}) but "
@@ -101,7 +101,7 @@ def start(request: SpeechRequest) -> Speech:
     given = dict(zip(speakers, request.voices))
     if model.kind in LONG_FORM_KINDS:
         return model.runner.stream(request.text, given, **options)
-    return model.runner.dialogue(request.text, given, turn_gap=request.turn_gap, **options)
+    return model.runner.dialogue(request.text, given, turn_gap=request.turn_gap, **options, **model.batched)
 
 
 def usage(model: ServedModel, text: str, frames: int) -> dict:
