@@ -1,5 +1,6 @@
 """The server under load, on a real (full-size) bundle: time to first byte against `bench`'s first audio for
-the same bundle, 1/2/4/8 concurrent streaming clients, aggregate audio seconds per wall second, and the
+the same bundle, 1/2/4/8 concurrent streaming clients with batching on (--max-batch 8) and off (1), aggregate
+audio seconds per wall second, and the
 server's RSS over many sequential requests; the same for transcription when an ASR bundle is given.
 
     .venv/bin/python benchmarks/serve.py --tts /work/bench/onnx/realtime/cpu_int8 [--asr BUNDLE] \
@@ -108,15 +109,30 @@ def excerpt(audio: Path, seconds: float, work: Path) -> Path:
     return path
 
 
+def tts_server(bundle: Path, work: Path, max_batch: int) -> Server:
+    return Server([bundle], work / f"serve-tts-batch{max_batch}.log", "--max-active", "8", "--max-queue", "8",
+                  "--max-batch", str(max_batch), threads=None, start_seconds=600)
+
+
+def unbatched_loads(bundle: Path, frames: int, work: Path) -> list[dict]:
+    """The concurrent loads on a server that runs each generation on its own (--max-batch 1)."""
+    server = tts_server(bundle, work, 1)
+    try:
+        stream_speech(server.url, 6, 0)
+        return [concurrent(server.url, n, frames) for n in (1, 2, 4, 8)]
+    finally:
+        server.stop()
+
+
 def bench_tts(bundle: Path, frames: int, sequential: int, work: Path) -> dict:
     reference = json.loads(subprocess.run([*CLI, "bench", str(bundle), "--frames", "12", "--json"], check=True,
                                           capture_output=True, text=True).stdout)["runtime"]
-    server = Server([bundle], work / "serve-tts.log", "--max-active", "8", "--max-queue", "8", threads=None, start_seconds=600)
+    server = tts_server(bundle, work, 8)
     try:
         stream_speech(server.url, 6, 0)  # warm: the first request pays for the sessions' first runs
         single = [stream_speech(server.url, 12, seed) for seed in range(5)]
         ttfb = statistics.median(r["ttfb"] for r in single)
-        loads = [concurrent(server.url, n, frames) for n in (1, 2, 4, 8)]
+        loads = [concurrent(server.url, n, frames) for n in (1, 2, 4, 8)]  # batched, up to 8 at once
         memory = [rss(server.process.pid)]
         for i in range(sequential):
             stream_speech(server.url, 6, i, fmt="mp3" if i % 2 else "wav")
@@ -128,7 +144,8 @@ def bench_tts(bundle: Path, frames: int, sequential: int, work: Path) -> dict:
             "bench_warm_first_audio_s": reference["warm_first_audio_seconds"], "bench_rtf": reference["real_time_factor"],
             "server_ttfb_median_s": round(ttfb, 4),
             "server_minus_bench_warm_ms": round((ttfb - reference["warm_first_audio_seconds"]) * 1000, 1),
-            "concurrent": loads, "rss_mb_every_20_requests": [round(m / 2**20) for m in memory]}
+            "concurrent_batched": loads, "concurrent_unbatched": unbatched_loads(bundle, frames, work),
+            "rss_mb_every_20_requests": [round(m / 2**20) for m in memory]}
 
 
 def bench_asr(bundle: Path, audio: Path, tokens: int, sequential: int, work: Path) -> dict:
