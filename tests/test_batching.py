@@ -45,6 +45,13 @@ def alone(two_voice_tts):
     return results
 
 
+def wait_until(condition, seconds: float = 30) -> None:
+    """Poll `condition` until it holds or `seconds` pass (the assertion after it says what was awaited)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def assert_same(batched, single):
     assert batched.stop_reason == single.stop_reason and batched.frames == single.frames
     assert batched.eos_frame == single.eos_frame
@@ -91,9 +98,7 @@ def test_a_cancelled_stream_leaves_and_the_others_run_on_unchanged(two_voice_tts
     for index in (0, 2):
         assert_same(speeches[index].result, alone[index])
     assert speeches[1].result.frames < JOBS[1][3]
-    deadline = time.monotonic() + 30
-    while batch.batcher.live() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not batch.batcher.live())
     assert batch.batcher.live() == []  # its place is free
 
 
@@ -118,9 +123,7 @@ def test_text_streamed_into_a_batched_stream_waits_without_holding_the_others(tw
     feeder.start()
     reader = threading.Thread(target=read_together, args=([fed],))
     reader.start()
-    deadline = time.monotonic() + 30
-    while not batch.batcher.live() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(batch.batcher.live)
     assert len(batch.batcher.live()) == 1  # the fed stream is in the batch, waiting for its text
     read_whole()
     reader.join(timeout=120)
@@ -205,7 +208,5 @@ def test_a_stream_whose_reader_stalls_runs_only_a_little_ahead_and_holds_nobody_
     # the chunk read, AHEAD waiting, a decoder group's latents made before their audio, and one being made
     assert stalled.result.frames <= 1 + AHEAD + DECODE_GROUP + 1
     reading.close()
-    deadline = time.monotonic() + 30
-    while batch.batcher.live() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not batch.batcher.live())
     assert batch.batcher.live() == []  # cancelled while it waited for its reader

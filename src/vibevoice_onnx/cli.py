@@ -217,8 +217,8 @@ def cmd_serve(args) -> int:
         from .serve.models import parse_aliases
     except ImportError as e:
         raise VibeVoiceError(f"serving needs the serve extra (pip install 'vibevoice-onnx[serve]'): {e}") from None
-    settings = Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue, max_input_chars=args.max_input_chars,
-                        max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+    settings = Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue,
+                        max_input_chars=args.max_input_chars, max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         body_timeout=args.body_timeout)
     print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
     try:

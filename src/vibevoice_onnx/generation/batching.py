@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..errors import VibeVoiceError
@@ -45,7 +45,6 @@ class Member:
     slot: int
     cancelled: bool = False
     parked: bool = False
-    state: dict = field(default_factory=dict)  # what a backend keeps per member (its caches, its rows)
 
 
 class Batcher:
@@ -67,12 +66,10 @@ class Batcher:
         with self._lock:
             return list(self._members)
 
-    def join(self, block: bool = True) -> Member:
-        """A new member in the lowest free slot; waits for one while all are taken (or refuses, if not `block`)."""
+    def join(self) -> Member:
+        """A new member in the lowest free slot; waits for one while all are taken."""
         with self._lock:
             while len(self._members) >= self.max_members:
-                if not block:
-                    raise VibeVoiceError(f"all {self.max_members} streams of the batch are taken")
                 self._lock.wait()
             taken = {member.slot for member in self._members}
             member = Member(next(slot for slot in range(self.max_members) if slot not in taken))
@@ -223,9 +220,11 @@ def parked_iteration(batcher: Batcher, member: Member, items) -> Iterator[Any]:
 _END = object()
 
 
-def read_together(streams: list[Iterator[Any]], late: int | None = None, after: int = 0, timeout: float = 600) -> None:
-    """Read every stream to its end, each in its own thread; stream `late` is first read once stream 0 has
-    given `after` items (a stream that joins a running batch). Raises the first error a stream raised."""
+def read_together(streams: list[Iterator[Any]], late: int | None = None, after: int = 0,
+                  timeout: float | None = 600, on_item: Callable[[int], None] | None = None) -> None:
+    """Read every stream to its end, each in its own thread, calling `on_item(stream index)` as each item
+    arrives; stream `late` is first read once stream 0 has given `after` items (a stream that joins a running
+    batch). Raises the first error a stream raised, or one if a stream is not done within `timeout` s."""
     first_items, errors = threading.Event(), []
 
     def read(index: int, stream: Iterator[Any]) -> None:
@@ -233,6 +232,8 @@ def read_together(streams: list[Iterator[Any]], late: int | None = None, after: 
             if index == late:
                 first_items.wait(timeout)
             for count, _ in enumerate(stream, 1):
+                if on_item is not None:
+                    on_item(index)
                 if index == 0 and count == after:
                     first_items.set()
         except BaseException as error:  # raised in the caller's thread

@@ -112,17 +112,13 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     backend_class, bench_frames = bench_kind(bundle.kind)
     timings = bundle.time_calls()
     backend = backend_class(bundle)
-    voices = bundle.voices()
-    voice = voice or (voices[0] if voices else None)
-    if voice is None:
-        raise VibeVoiceError(f"{bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+    voice = bench_voices(bundle, voice)[0]
     for values in timings.values():
         values.clear()  # session creation is not part of the run
     options = {**_defaults(bench_frames), **options}  # reported, and given to the reference as they are
     result = result_of(bundle.kind)
     run = timed_run(bench_frames(backend, bundle, voice, frames, result, **options))
-    per_graph = {name: {"calls": len(values), "ms_per_frame": 1000 * sum(values) / frames}
-                 for name, values in sorted(timings.items())}
+    per_graph = graph_costs(timings, frames)
     # The run above is the first after loading: its first audio pays each session's one-time setup. A service
     # that stays loaded answers later requests warm; the same start, once more, says how fast that is.
     start = time.perf_counter()
@@ -140,6 +136,20 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
         "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
     }
+
+
+def bench_voices(bundle: Bundle, voice: str | None) -> list[str]:
+    """The voice asked for, else the bundle's voices (the first for one stream, in turn for several)."""
+    voices = [voice] if voice else bundle.voices()
+    if not voices:
+        raise VibeVoiceError(f"{bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+    return voices
+
+
+def graph_costs(timings: dict[str, list[float]], frames: int) -> dict:
+    """Each graph's calls and milliseconds per frame of a run."""
+    return {name: {"calls": len(values), "ms_per_frame": 1000 * sum(values) / frames}
+            for name, values in sorted(timings.items())}
 
 
 def _defaults(function) -> dict:
@@ -167,9 +177,7 @@ def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, 
     batch_class = stream_batch(bundle.kind)
     timings = bundle.time_calls()
     backend = backend_class(bundle)
-    voices = [voice] if voice else bundle.voices()
-    if not voices:
-        raise VibeVoiceError(f"{bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
+    voices = bench_voices(bundle, voice)
     options = {**_defaults(bench_frames), **options}
     next(iter(bench_frames(backend, bundle, voices[0], 1, result_of(bundle.kind), **options)))  # sessions warm
     runs = {}
@@ -180,8 +188,7 @@ def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, 
         generations = [bench_frames(backend, bundle, voices[k % len(voices)], frames, result_of(bundle.kind), **options,
                                     stream=k, batch=batch) for k in range(count)]
         runs[count] = {**timed_streams(generations), "voices": [voices[k % len(voices)] for k in range(count)],
-                       "graphs": {name: {"calls": len(values), "ms_per_frame": 1000 * sum(values) / frames}
-                                  for name, values in sorted(timings.items())},
+                       "graphs": graph_costs(timings, frames),
                        "batches": {kind: {"calls": sum(sizes), "batches": len(sizes), "largest": max(sizes)}
                                    for kind, sizes in (batch.batcher.batches.items() if batch else ())}}
     alone, together = runs[1], runs[streams]
@@ -193,26 +200,11 @@ def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, 
 
 def timed_streams(generations: list[Iterator[np.ndarray]]) -> dict:
     """Read every generation in its own thread from one start: when each chunk was ready, per stream."""
-    import threading
+    from ..generation.batching import read_together
 
     times: list[list[float]] = [[] for _ in generations]
-    errors: list[BaseException] = []
     start = time.perf_counter()
-
-    def read(index: int) -> None:
-        try:
-            for _ in generations[index]:
-                times[index].append(time.perf_counter() - start)
-        except BaseException as error:  # re-raised below
-            errors.append(error)
-
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(len(generations))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    read_together(generations, timeout=None, on_item=lambda index: times[index].append(time.perf_counter() - start))
     wall = max(stream[-1] for stream in times)
     audio = sum(len(stream) for stream in times) * FRAME_SECONDS
     per_stream = [{"first_audio_seconds": stream[0], "real_time_factor": stream[-1] / (len(stream) * FRAME_SECONDS),

@@ -176,12 +176,12 @@ class StreamBatch:
     def _conditioning(self, payloads):
         pairs = [conditioning_rows(conditions, timesteps) for conditions, timesteps in payloads]
         modulation = self.backend.head.modulation(np.concatenate([t for t, _ in pairs]),
-                                                      np.concatenate([c for _, c in pairs]))
+                                                  np.concatenate([c for _, c in pairs]))
         return split_rows(modulation, [len(t) for t, _ in pairs])
 
     def _head_step(self, payloads):
         velocity = self.backend.head.run_step(np.concatenate([n for n, _ in payloads]),
-                                                  np.concatenate([m for _, m in payloads]))
+                                              np.concatenate([m for _, m in payloads]))
         return split_rows(velocity, [len(n) for n, _ in payloads])
 
     def _connect(self, latents):

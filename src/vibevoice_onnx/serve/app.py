@@ -50,8 +50,8 @@ class Settings:
     stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM: streams end cleanly
 
     def __post_init__(self):
-        for name, least in (("max_active", 1), ("max_batch", 1), ("max_queue", 0), ("max_input_chars", 1), ("max_upload_mb", 1e-3),
-                            ("body_timeout", 1e-3)):
+        for name, least in (("max_active", 1), ("max_batch", 1), ("max_queue", 0), ("max_input_chars", 1),
+                            ("max_upload_mb", 1e-3), ("body_timeout", 1e-3)):
             if not getattr(self, name) >= least:
                 flag = "--" + name.replace("_", "-")
                 raise VibeVoiceError(f"{flag} must be at least {least:g}, got {getattr(self, name)}")

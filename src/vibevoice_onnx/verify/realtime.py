@@ -14,11 +14,11 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
+from ..generation.batching import read_together
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
-from ..generation.batching import read_together
 from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, StreamBatch
 from ..sampling import NoiseSource
 from ..text import SPEECH_WINDOW, encode_tts_text
