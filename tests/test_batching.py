@@ -9,9 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import copy_bundle
+from conftest import SHARED, copy_bundle, write_voice_sample
 from vibevoice_onnx.generation.batching import read_together
 
+SPEECH = SHARED / "fixtures" / "audio" / "demo3-hotwords.wav"
 JOBS = [  # text, voice, seed, frame limit: different voices, lengths and limits
     ("Hello there, how are you today?", "synthetic", 7, 20),
     ("A second voice speaks a longer sentence, and on and on it goes.", "second", 8, 33),
@@ -34,15 +35,18 @@ def two_voice_tts(tiny_bundle, tiny_checkpoints, realtime_reference, tmp_path_fa
     return RealtimeTTS(bundle)
 
 
+def lone_speeches(model, jobs, **options) -> list:
+    """Each (text or script, voice or speakers, seed, frame limit) spoken by itself: the lone stream's loop."""
+    speeches = []
+    for text, voice, seed, frames in jobs:
+        speeches.append(model.stream(text, voice, seed=seed, max_frames=frames, **options))
+        list(speeches[-1])
+    return speeches
+
+
 @pytest.fixture(scope="module")
 def alone(two_voice_tts):
-    """Each job's result run by itself, the lone stream's loop."""
-    results = []
-    for text, voice, seed, frames in JOBS:
-        speech = two_voice_tts.stream(text, voice, seed=seed, max_frames=frames)
-        list(speech)
-        results.append(speech.result)
-    return results
+    return [speech.result for speech in lone_speeches(two_voice_tts, JOBS)]
 
 
 def wait_until(condition, seconds: float = 30) -> None:
@@ -53,8 +57,12 @@ def wait_until(condition, seconds: float = 30) -> None:
 
 
 def assert_same(batched, single):
-    assert batched.stop_reason == single.stop_reason and batched.frames == single.frames
-    assert batched.eos_frame == single.eos_frame
+    assert batched.stop_reason == single.stop_reason and batched.eos_frame == single.eos_frame
+    assert_same_audio(batched, single)
+
+
+def assert_same_audio(batched, single):
+    assert batched.frames == single.frames
     a, b = np.stack(batched.latents).ravel(), np.stack(single.latents).ravel()
     assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) >= 0.99999
     x, y = batched.audio, single.audio
@@ -68,7 +76,7 @@ def test_batched_streams_give_each_its_own_audio_whoever_joins_late(two_voice_tt
     read_together(speeches, late=2, after=3)  # the third joins once the first has made three frames
     for speech, single in zip(speeches, alone):
         assert_same(speech.result, single)
-    sizes = batch.batcher.batches["upper_speech"]
+    sizes = batch.batcher.batches["lm_step"]
     # one upper-LM call served several streams: the weights were read once for them
     assert max(sizes) >= 2 and len(sizes) < sum(sizes)
     assert sum(sizes) == sum(result.frames for result in alone) - sum(r.stop_reason == "max_frames" for r in alone)
@@ -81,7 +89,7 @@ def test_a_stream_that_stops_frees_its_place_for_a_waiting_one(two_voice_tts, al
     read_together(speeches)  # the third waits for a free place, then runs
     for speech, single in zip(speeches, alone):
         assert_same(speech.result, single)
-    assert max(batch.batcher.batches["upper_speech"]) == 2
+    assert max(batch.batcher.batches["lm_step"]) == 2
 
 
 def test_a_cancelled_stream_leaves_and_the_others_run_on_unchanged(two_voice_tts, alone):
@@ -159,15 +167,16 @@ def test_an_error_in_a_batch_reaches_every_stream_in_it_and_none_hangs():
 def test_the_verify_gate_catches_a_batch_that_hands_streams_each_others_rows(tiny_bundle, tiny_checkpoints,
                                                                               realtime_reference, monkeypatch):
     from vibevoice_onnx.runtime.bundle import Bundle
-    from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend, StreamBatch
+    from vibevoice_onnx.runtime.batch import StreamBatch
+    from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
     from vibevoice_onnx.text import load_tokenizer
     from vibevoice_onnx.verify.realtime import batched_streams
 
     runtime = OnnxRealtimeBackend(Bundle(tiny_bundle))
     tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
     assert batched_streams(realtime_reference, runtime, tokenizer).passed
-    upper_speech = StreamBatch._upper_speech
-    monkeypatch.setattr(StreamBatch, "_upper_speech", lambda self, payloads: upper_speech(self, payloads)[::-1])
+    lm_step = StreamBatch._lm_step
+    monkeypatch.setattr(StreamBatch, "_lm_step", lambda self, payloads: lm_step(self, payloads)[::-1])
     assert not batched_streams(realtime_reference, runtime, tokenizer).passed
 
 
@@ -178,11 +187,14 @@ def test_bench_streams_reports_each_batched_stream_and_one_alone(two_voice_tts, 
     report = bench(two_voice_tts.bundle.path, frames=8, streams=3)
     assert [len(times) for times in report["together"]["chunk_times"]] == [8, 8, 8]
     assert len(report["alone"]["chunk_times"]) == 1 and len(report["alone"]["chunk_times"][0]) == 8
-    assert report["together"]["batches"]["upper_speech"]["largest"] == 3  # the three ran as one batch
+    assert report["together"]["batches"]["lm_step"]["largest"] == 3  # the three ran as one batch
     assert report["together"]["voices"] == ["second", "synthetic", "second"]  # the bundle's voices in turn
     assert "3 streams" in format_report(report)
-    with pytest.raises(VibeVoiceError, match="realtime"):
-        bench(tiny_15b_bundle, frames=4, streams=2)
+    long_form = bench(tiny_15b_bundle, frames=4, streams=2)  # two scripts, one with two speakers
+    assert [len(times) for times in long_form["together"]["chunk_times"]] == [4, 4]
+    assert long_form["together"]["batches"]["lm_step"]["largest"] == 2
+    with pytest.raises(VibeVoiceError, match="--audio is for ASR"):
+        bench(tiny_15b_bundle, frames=4, streams=2, audio=[SPEECH])
 
 
 def test_a_frame_is_late_when_ready_after_a_listener_starting_at_the_first_audio_reaches_it():
@@ -210,3 +222,131 @@ def test_a_stream_whose_reader_stalls_runs_only_a_little_ahead_and_holds_nobody_
     reading.close()
     wait_until(lambda: not batch.batcher.live())
     assert batch.batcher.live() == []  # cancelled while it waited for its reader
+
+
+SCRIPTS = [  # script, speakers, seed, latent limit: other lengths, speaker counts and voices
+    ("Speaker 1: Hello there, how are you today?", "alice", 3, 14),
+    ("Speaker 1: A second script.\nSpeaker 2: With two speakers, and a longer line than the first.",
+     {1: "bob", 2: "alice"}, 4, 25),
+    ("Speaker 1: Short.", "bob", 5, 9),
+]
+
+
+@pytest.fixture(scope="module")
+def long_form_tts(tiny_15b_bundle, tmp_path_factory):
+    """The tiny 1.5B bundle with a second voice sample (another length and pitch)."""
+    from vibevoice_onnx.runtime.tts15b import LongFormTTS
+    from vibevoice_onnx.runtime.voice_store import import_voice
+
+    root = tmp_path_factory.mktemp("long-form-voices")
+    bundle = copy_bundle(tiny_15b_bundle, root / "bundle")
+    import_voice(bundle, write_voice_sample(root / "bob.flac", seconds=1.7, pitch=120.0), "bob")
+    return LongFormTTS(bundle)
+
+
+def assert_same_long_form(batched, single):
+    assert batched.tokens == single.tokens and batched.stop_reason == single.stop_reason
+    assert_same_audio(batched, single)
+
+
+def test_long_form_scripts_batched_each_give_what_they_give_alone(long_form_tts):
+    """Sampled voice latents (each stream's own voice noise), one or two speakers, the last joining late."""
+    alone = [speech.result for speech in lone_speeches(long_form_tts, SCRIPTS)]
+    batch = long_form_tts.batch(max_streams=3)
+    speeches = [long_form_tts.stream(script, speakers, seed=seed, max_frames=frames, batch=batch)
+                for script, speakers, seed, frames in SCRIPTS]
+    read_together(speeches, late=2, after=3, timeout=120)
+    for speech, single in zip(speeches, alone):
+        assert_same_long_form(speech.result, single)
+    assert max(batch.batcher.batches["lm_step"]) == 3 and batch.batcher.live() == []
+
+
+def test_a_script_in_segments_restarts_its_rows_inside_the_batch(long_form_tts, monkeypatch):
+    """A script longer than the (shrunk) context runs in parts, each from a fresh prefill of its rows, beside
+    a stream that runs on through the other's restarts."""
+    script = "\n".join(f"Speaker {1 + i % 2}: Sentence number {i} is here, with a few more words." for i in range(8))
+    speakers = {1: "alice", 2: "bob"}
+    whole = long_form_tts.stream(script, speakers, voice_latents="mean", seed=2)
+    monkeypatch.setattr(long_form_tts.backend, "max_positions", 3 * (whole.prompt_tokens * 2 // 3))
+    runs = [(script, speakers, 2, None), SCRIPTS[1]]
+    alone = lone_speeches(long_form_tts, runs, voice_latents="mean")
+    assert alone[0].segments >= 2 and len(alone[0].result.segments) >= 2  # it did run in parts
+    batch = long_form_tts.batch(max_streams=2)
+    speeches = [long_form_tts.stream(text, voices, voice_latents="mean", seed=seed, max_frames=frames, batch=batch)
+                for text, voices, seed, frames in runs]
+    read_together(speeches, timeout=120)
+    for speech, single in zip(speeches, alone):
+        assert speech.result.segments == single.result.segments
+        assert_same_long_form(speech.result, single.result)
+
+
+def transcription_clips():
+    rng = np.random.default_rng(0)
+    return [(0.3 * np.sin(np.arange(n) * f) + 0.01 * rng.standard_normal(n)).astype(np.float32)
+            for n, f in ((24000 * 3, 0.01), (24000 * 5 + 777, 0.02), (24000 * 2, 0.05))]
+
+
+def test_transcriptions_batched_each_give_the_tokens_they_give_alone(tiny_asr_bundle):
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    transcriber = Transcriber(tiny_asr_bundle, force=True)
+    clips, limits = transcription_clips(), [40, 25, 60]
+    alone = [transcriber.transcribe(clip, 24000, max_new_tokens=limit, seed=k)
+             for k, (clip, limit) in enumerate(zip(clips, limits))]
+    batch = transcriber.batch(max_streams=3)
+    batched = [None] * len(clips)
+
+    def transcribe(k):
+        batched[k] = transcriber.transcribe(clips[k], 24000, max_new_tokens=limits[k], seed=k, batch=batch)
+
+    threads = [threading.Thread(target=transcribe, args=(k,)) for k in range(len(clips))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [t.tokens for t in batched] == [t.tokens for t in alone]
+    assert [len(t.tokens) for t in alone] == limits  # the tiny model never stops early: every step compared
+    assert max(batch.batcher.batches["lm_step"]) == 3 and max(batch.batcher.batches["logits"]) == 3
+
+
+@pytest.mark.parametrize("kind", ["1.5b", "asr"])
+def test_the_verify_gates_catch_a_batch_that_hands_streams_each_others_rows(kind, tiny_15b_bundle, tiny_asr_bundle,
+                                                                             monkeypatch):
+    from vibevoice_onnx.runtime.batch import StreamBatch
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    if kind == "asr":
+        from vibevoice_onnx.runtime.asr import OnnxAsrBackend
+        from vibevoice_onnx.verify.asr import batched_streams, verification_audio
+
+        bundle = Bundle(tiny_asr_bundle)
+        gate = lambda: batched_streams(bundle, OnnxAsrBackend(bundle), verification_audio(None)[0])  # noqa: E731
+    else:
+        from vibevoice_onnx.runtime.tts15b import OnnxTts15bBackend
+        from vibevoice_onnx.verify.tts15b import batched_streams, synthetic_voices
+
+        bundle = Bundle(tiny_15b_bundle)
+        gate = lambda: batched_streams(bundle, OnnxTts15bBackend(bundle), synthetic_voices())  # noqa: E731
+    assert gate().passed
+    lm_step = StreamBatch._lm_step
+    monkeypatch.setattr(StreamBatch, "_lm_step", lambda self, payloads: lm_step(self, payloads)[::-1])
+    assert not gate().passed
+
+
+def test_bench_of_an_asr_bundle_times_batched_transcriptions(tiny_asr_bundle, tmp_path):
+    import soundfile
+
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.runtime.bench import bench, format_report
+
+    paths = []
+    for k, clip in enumerate(transcription_clips()[:2]):
+        paths.append(tmp_path / f"clip{k}.wav")
+        soundfile.write(paths[-1], clip, 24000)
+    report = bench(tiny_asr_bundle, frames=6, streams=3, audio=paths)
+    assert [len(times) for times in report["together"]["token_times"]] == [6, 6, 6]
+    assert [s["recording"] for s in report["together"]["per_stream"]] == [str(p) for p in paths + paths[:1]]
+    assert report["together"]["batches"]["lm_step"]["largest"] == 3
+    assert "3 streams" in format_report(report) and "tokens/s" in format_report(report)
+    with pytest.raises(VibeVoiceError, match="--audio"):
+        bench(tiny_asr_bundle, frames=6, streams=2)

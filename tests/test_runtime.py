@@ -298,7 +298,7 @@ def test_a_run_of_known_length_sizes_its_caches_once_and_gives_the_same_latents(
     from vibevoice_onnx.runtime.lm import KvCache
 
     bundle = Bundle(request.getfixturevalue(bundle_fixture))
-    backend_class, bench_frames = bench_kind(bundle.kind)
+    backend_class, bench_frames, _ = bench_kind(bundle.kind)
     grown, original_reserve = [], KvCache.reserve
 
     def reserve(cache, length):

@@ -256,12 +256,29 @@ def test_eight_concurrent_streams_are_neither_dropped_nor_mixed(server):
     assert len(set(alone.values())) == 8
 
 
-def test_four_concurrent_clients_share_the_models_steps_and_each_gets_its_own_audio(server):
+def concurrent_requests(server, upload) -> dict:
+    """Per served model: a request whose answer depends on the seed (speech as PCM bytes, a transcript's text)."""
     client = server.client()
-    alone = {seed: speech(client, seed, 24, "pcm").content for seed in range(40, 44)}
+
+    def transcript(seed):
+        with open(upload, "rb") as f:
+            return client.audio.transcriptions.create(model="vibevoice-asr-cpu-fp32", file=f, response_format="json",
+                                                      extra_body={"max_new_tokens": 12, "seed": seed}).text
+
+    return {"vibevoice-realtime-cpu-fp32": lambda seed: speech(client, seed, 24, "pcm").content,
+            "vibevoice-1.5b-cpu-fp32": lambda seed: client.audio.speech.create(
+                model="vibevoice-1.5b-cpu-fp32", voice="alloy", input="Speaker 1: One of four at once.",
+                response_format="pcm", extra_body={"seed": seed, "max_frames": 10}).content,
+            "vibevoice-asr-cpu-fp32": transcript}
+
+
+@pytest.mark.parametrize("model", ["vibevoice-realtime-cpu-fp32", "vibevoice-1.5b-cpu-fp32", "vibevoice-asr-cpu-fp32"])
+def test_four_concurrent_clients_share_the_models_steps_and_each_gets_its_own_result(server, upload, model):
+    ask = concurrent_requests(server, upload)[model]
+    alone = {seed: ask(seed) for seed in range(40, 44)}
 
     def batching() -> dict:
-        with urllib.request.urlopen(urllib.request.Request(f"{server.url}/v1/models/vibevoice-realtime-cpu-fp32",
+        with urllib.request.urlopen(urllib.request.Request(f"{server.url}/v1/models/{model}",
                                                            headers={"Authorization": f"Bearer {KEY}"})) as r:
             return json.load(r)["batching"]
 
@@ -272,14 +289,15 @@ def test_four_concurrent_clients_share_the_models_steps_and_each_gets_its_own_au
 
     def fetch(seed):
         start.wait()
-        together[seed] = speech(client, seed, 24, "pcm").content
+        together[seed] = ask(seed)
 
     threads = [threading.Thread(target=fetch, args=(seed,)) for seed in alone]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert together == alone  # sample for sample what each gets alone
+    assert together == alone  # exactly what each gets alone
+    assert len(set(alone.values())) > 1  # the seed matters, so a mix-up would show
     after = batching()
     assert after["shared_steps"] > before["shared_steps"] and after["largest_batch"] >= 2  # they were batched
     assert after["streams"] == 0  # every stream left the batch

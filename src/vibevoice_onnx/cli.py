@@ -204,7 +204,8 @@ def cmd_bench(args) -> int:
 
     report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
                    reference=Path(args.reference) if args.reference else None, threads=args.threads,
-                   decode_group=args.decode_group, streams=args.streams)
+                   decode_group=args.decode_group, streams=args.streams,
+                   audio=[Path(path) for path in args.audio or ()])
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -360,9 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "quantized one, has not been verified")
     p.set_defaults(func=cmd_transcribe)
 
-    p = sub.add_parser("bench", help="time a TTS bundle (realtime or 1.5B): real-time factor, first audio, per-graph "
-                       "cost, weight bytes per latent against this machine's memory bandwidth, peak memory, and how "
-                       "the cost per latent and the memory move over a long run")
+    p = sub.add_parser("bench", help="time a TTS bundle (realtime, 1.5B, Large): real-time factor, first audio, "
+                       "per-graph cost, weight bytes per latent against this machine's memory bandwidth, peak memory, "
+                       "and how the cost per latent and the memory move over a long run; an ASR bundle: tokens per "
+                       "second of one or several batched transcriptions")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
     p.add_argument("--reference", metavar="CHECKPOINT_DIR", help="also run the PyTorch reference on the same weights, "
                    "text, voice and noise, in the same run")
@@ -373,9 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=cli_type("threads"), help="intra-op threads (default: all cores)")
     p.add_argument("--decode-group", type=cli_type("decode_group"), metavar="N", help="realtime: frames per decoder "
                    "call after the first (default: the runtime's)")
-    p.add_argument("--streams", type=cli_type("max_streams"), default=1, metavar="N", help="realtime: N generations "
-                   "at once, batched on one model (the bundle's voices in turn, different texts), and one alone in the "
-                   "same run: throughput, each stream's real-time factor, first audio and late frames")
+    p.add_argument("--streams", type=cli_type("max_streams"), default=1, metavar="N", help="N generations at once, "
+                   "batched on one model (the bundle's voices in turn, different texts; ASR: the --audio recordings in "
+                   "turn), and one alone in the same run: throughput, each stream's real-time factor, first audio and "
+                   "late frames (ASR: tokens per second, first token)")
+    p.add_argument("--audio", nargs="+", metavar="FILE", help="ASR bundles: the recordings to transcribe (--frames: "
+                   "greedy tokens each)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
                    "what each latent cost along the run (needs matplotlib)")
@@ -387,9 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
     p.add_argument("--max-active", type=int, default=4, metavar="N", help="generations running at once (default 4)")
-    p.add_argument("--max-batch", type=int, default=4, metavar="N", help="realtime: concurrent generations of a bundle "
-                   "batched frame by frame, each weight read once for all (default 4: on 2 cores at int8, 1.38x the "
-                   "throughput of one stream, `bench --streams`); 1: each runs on its own")
+    p.add_argument("--max-batch", type=int, default=4, metavar="N", help="concurrent generations of a bundle batched "
+                   "step by step, each weight read once for all (transcriptions: their greedy decoding; default 4: on "
+                   "2 cores at int8, realtime 1.38x the throughput of one stream, `bench --streams`); 1: each runs on "
+                   "its own")
     p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, 429 "
                    "with Retry-After (default 16)")
     p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")

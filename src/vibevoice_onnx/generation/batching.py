@@ -119,18 +119,25 @@ class Batcher:
         return self.call(member, ALONE, thunk)
 
     def _run_if_ready(self) -> None:
-        """With the lock held: once every running member has a call pending, this thread runs the calls made
-        alone and the batch of the kind most members wait at (the longest waiting kind, on a tie); the members
-        at other kinds wait on, so streams that drifted apart in their frames fall into step again."""
+        """With the lock held: once every running member has a call pending, this thread runs a round: the calls
+        made alone, and the batch of the kind most members wait at. The members at other kinds wait on, so
+        streams that drifted apart fall into step again: on a tie the kind a member came to last runs (the
+        stream that moves keeps moving until it reaches the others), and while calls are made alone a batch
+        runs beside them only for most of the running members (a stream that prefills or decodes alone is
+        waited for by the one other stream, not left a call behind it for good)."""
         running = sum(not member.parked for member in self._members)
         waiting = {id(call.member) for call in self._pending}
         if not self._pending or len(waiting) < running:
             return
         counts: dict[str, int] = {}
-        for call in self._pending:
+        latest: dict[str, int] = {}
+        for order, call in enumerate(self._pending):
             if call.kind != ALONE:
                 counts[call.kind] = counts.get(call.kind, 0) + 1
-        chosen = max(counts, key=counts.get, default=None)  # dicts keep order: the first kind wins a tie
+                latest[call.kind] = order
+        chosen = max(counts, key=lambda kind: (counts[kind], latest[kind]), default=None)
+        if chosen is not None and 2 * counts[chosen] <= running and any(c.kind == ALONE for c in self._pending):
+            chosen = None
         calls = [call for call in self._pending if call.kind in (ALONE, chosen)]
         self._pending = [call for call in self._pending if call.kind not in (ALONE, chosen)]
         self._lock.release()  # the model runs without the lock: members may park, cancel or join meanwhile
@@ -138,6 +145,10 @@ class Batcher:
             self._execute(calls)
         finally:
             self._lock.acquire()
+        # Done only now, all at once: no member goes on (and touches what the batch shares, such as its cache
+        # rows' lengths) while any call of this round still runs.
+        for call in calls:
+            call.done = True
         self._lock.notify_all()
 
     def _execute(self, calls: list[_Call]) -> None:
@@ -154,8 +165,6 @@ class Batcher:
             except BaseException as error:  # every member of the batch learns of it, none is left waiting
                 for call in group:
                     call.error = error
-            for call in group:
-                call.done = True
 
 
 AHEAD = 8  # items a member may make before its reader takes them (a frame each: about a second of audio)

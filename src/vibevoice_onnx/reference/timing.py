@@ -34,7 +34,7 @@ def main(argv: list[str]) -> None:
     if int(threads):
         torch.set_num_threads(int(threads))
     bundle = Bundle(bundle_dir)
-    _, bench_frames = bench_kind(bundle.kind)
+    _, bench_frames, _ = bench_kind(bundle.kind)
     backend, result = reference_backend(bundle.kind, checkpoint), result_of(bundle.kind)
     run = timed_run(bench_frames(backend, bundle, voice, int(frames), result, **json.loads(options)))
     print(json.dumps({"frames": result.frames, **run, "real_time_factor": run["wall_seconds"] / (result.frames * 3200 / 24000),

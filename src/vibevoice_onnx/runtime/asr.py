@@ -17,6 +17,7 @@ from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, tr
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
 from .bundle import Bundle
+from .batch import BATCH_CAPACITY, MemberBackend, StreamBatch, row_executor
 from .lm import KvCache, OnnxLm, StreamingConv
 
 F32 = np.float32
@@ -70,7 +71,53 @@ class OnnxAsrBackend:
         return LmStream(self.lm.unbatched, KvCache(self.lm), 0)
 
     def logits(self, hidden):
-        return self.sessions["lm_head"].run(None, {"hidden_states": np.ascontiguousarray(hidden, dtype=F32)})[0][0]
+        return self.head_logits(hidden)[0]
+
+    def head_logits(self, hidden):
+        """[rows, H] -> [rows, V]."""
+        return self.sessions["lm_head"].run(None, {"hidden_states": np.ascontiguousarray(hidden, dtype=F32)})[0]
+
+
+class AsrBatch(StreamBatch):
+    """Several transcriptions on one bundle at once (runtime.batch): after each file's own encoders and prefill
+    (alone), the greedy steps of all that are decoding are one LM call over rows of one shared cache (a row
+    each) and one call of the LM head, so the 7B's weights are read once a step for all of them.
+
+        batch = transcriber.batch(max_streams=4)
+        # from several threads: transcriber.transcribe(path, batch=batch)
+    """
+
+    def __init__(self, backend: OnnxAsrBackend, max_streams: int):
+        super().__init__(backend, backend.lm, max_streams, 1, BATCH_CAPACITY,
+                         {"logits": row_executor(backend.head_logits)})
+
+
+class AsrMember(MemberBackend):
+    """A transcription's backend in an AsrBatch."""
+
+    alone_calls = frozenset({"encode", "connect"})
+
+    def encoder_stream(self):
+        step = self.base.encoder_stream()
+        return lambda segment: self._alone(lambda: step(segment))
+
+    def lm_stream(self) -> LmStream:
+        (row,) = self.rows
+        cache = self.batch.cache
+        cache.lengths[row] = 0  # this thread's row: no batch runs while it is here
+
+        def run(embeds, positions, _):
+            if embeds.shape[1] > 1:  # the prompt: one row takes many tokens alone
+                return self._alone(lambda: self.batch.lm.run(embeds, cache, slice(row, row + 1))), cache
+            return self._call("lm_step", ([row], embeds))[:, None], cache
+
+        return LmStream(run, cache, 0)
+
+    def logits(self, hidden):
+        return self._call("logits", np.ascontiguousarray(hidden, dtype=F32))[0]
+
+
+AsrBatch.member_backend = AsrMember
 
 
 @dataclass
@@ -96,6 +143,10 @@ class Transcriber:
         self.tokenizer = self.bundle.tokenizer
         self.stops = stop_ids(self.tokenizer)
 
+    def batch(self, max_streams: int = 4) -> AsrBatch:
+        """Room for `max_streams` transcriptions whose greedy steps are batched (see AsrBatch)."""
+        return AsrBatch(self.backend, max_streams)
+
     def load(self, audio: str | Path | np.ndarray, sample_rate: int | None = None) -> np.ndarray:
         """Normalised 24 kHz mono samples from a file, or from samples at `sample_rate`."""
         if isinstance(audio, (str, Path)):
@@ -111,23 +162,28 @@ class Transcriber:
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, hotwords: str | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None, mean_latents: bool = False,
-                   progress=None, on_segment=None, on_token=None) -> Transcript:
+                   progress=None, on_segment=None, on_token=None, batch: AsrBatch | None = None) -> Transcript:
         """`progress(tokens, seconds)` is called after each token, `on_token(token_ids_so_far)` too (for text
         streamed as it decodes), `on_segment(done, total)` after each 60 s segment of audio over 60 s.
-        Without `seed`, the acoustic noise is random."""
+        Without `seed`, the acoustic noise is random. With `batch` (see `batch()`), the greedy steps run batched
+        with those of the batch's other transcriptions (call from several threads), to the same tokens."""
         samples = self.load(audio, sample_rate)
         prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
         started = time.perf_counter()
         rng = None if mean_latents else np.random.default_rng(seed)
-        embeddings = audio_embeddings(self.backend, samples, rng, on_segment)
-        encoded = time.perf_counter()
-        result = TranscriptionResult()
-        for count, _ in enumerate(transcribe_tokens(self.backend, prompt, embeddings, self.stops, max_new_tokens, result), 1):
+        result, encoded = TranscriptionResult(), [started]
+
+        def tokens(backend):
+            embeddings = audio_embeddings(backend, samples, rng, on_segment)
+            encoded[0] = time.perf_counter()
+            yield from transcribe_tokens(backend, prompt, embeddings, self.stops, max_new_tokens, result)
+
+        for count, _ in enumerate(tokens(self.backend) if batch is None else batch.frames(tokens), 1):
             if progress is not None:
-                progress(count, time.perf_counter() - encoded)
+                progress(count, time.perf_counter() - encoded[0])
             if on_token is not None:
                 on_token(result.tokens)
-        done = time.perf_counter()
+        done, encoded = time.perf_counter(), encoded[0]
         raw = self.tokenizer.decode(result.tokens, skip_special_tokens=False)
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
         try:

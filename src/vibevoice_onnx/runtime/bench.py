@@ -32,14 +32,15 @@ MEMORY_FROM = 500  # the latent from which a long run's memory must stay flat
 
 
 def bench_kind(kind: str):
-    """(the onnxruntime backend class, the bench generation) of a TTS kind."""
+    """(the onnxruntime backend class, the bench generation, the batch class) of a TTS kind."""
     from . import realtime, tts15b
 
-    long_form = (tts15b.OnnxTts15bBackend, tts15b.bench_frames)
-    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames), "1.5b": long_form, "large": long_form}
+    long_form = (tts15b.OnnxTts15bBackend, tts15b.bench_frames, tts15b.LongFormBatch)
+    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames, realtime.RealtimeBatch),
+             "1.5b": long_form, "large": long_form}
     if kind not in kinds:
-        raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}); this one is '{kind}' "
-                             "(time transcription with `vibevoice-onnx transcribe`, which reports its speed)")
+        raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}) and ASR bundles; this one is "
+                             f"'{kind}'")
     return kinds[kind]
 
 
@@ -109,7 +110,7 @@ def peak_memory_bytes(children: bool = False) -> int:
 
 def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int | None, options: dict) -> dict:
     bundle = Bundle(Path(bundle_dir), threads=threads)
-    backend_class, bench_frames = bench_kind(bundle.kind)
+    backend_class, bench_frames, _ = bench_kind(bundle.kind)
     timings = bundle.time_calls()
     backend = backend_class(bundle)
     voice = bench_voices(bundle, voice)[0]
@@ -158,23 +159,13 @@ def _defaults(function) -> dict:
             if p.default not in (inspect.Parameter.empty, None) and p.kind != p.KEYWORD_ONLY}
 
 
-def stream_batch(kind: str):
-    """The class that batches several generations of a TTS kind on one model."""
-    from . import realtime
-
-    if kind != "realtime":
-        raise VibeVoiceError(f"bench --streams batches realtime bundles so far; this one is '{kind}'")
-    return realtime.StreamBatch
-
-
 def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, threads: int | None,
                 options: dict) -> dict:
     """`streams` generations at once, batched (stream k: voice k of the bundle's, cycled, text k, seed 42 + k),
     and stream 0 alone before them, in this one process: throughput, each stream's real-time factor, first
     audio and the frames that missed their playback deadline, per-graph time per batched frame."""
     bundle = Bundle(Path(bundle_dir), threads=threads)
-    backend_class, bench_frames = bench_kind(bundle.kind)
-    batch_class = stream_batch(bundle.kind)
+    backend_class, bench_frames, batch_class = bench_kind(bundle.kind)
     timings = bundle.time_calls()
     backend = backend_class(bundle)
     voices = bench_voices(bundle, voice)
@@ -188,28 +179,96 @@ def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, 
         generations = [bench_frames(backend, bundle, voices[k % len(voices)], frames, result_of(bundle.kind), **options,
                                     stream=k, batch=batch) for k in range(count)]
         runs[count] = {**timed_streams(generations), "voices": [voices[k % len(voices)] for k in range(count)],
-                       "graphs": graph_costs(timings, frames),
-                       "batches": {kind: {"calls": sum(sizes), "batches": len(sizes), "largest": max(sizes)}
-                                   for kind, sizes in (batch.batcher.batches.items() if batch else ())}}
+                       "graphs": graph_costs(timings, frames), "batches": batch_sizes(batch)}
     alone, together = runs[1], runs[streams]
     return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
             "gates": gate_status(bundle), "frames": frames, "options": options, "streams": streams,
             "alone": alone, "together": together, "throughput_ratio": together["throughput"] / alone["throughput"],
+            "steady_ratio": together["steady_throughput"] / alone["steady_throughput"],
             "peak_memory_bytes": peak_memory_bytes()}
 
 
-def timed_streams(generations: list[Iterator[np.ndarray]]) -> dict:
-    """Read every generation in its own thread from one start: when each chunk was ready, per stream."""
+def item_times(generations: list[Iterator]) -> list[list[float]]:
+    """Read every generation in its own thread from one start: when each item was ready, per stream."""
     from ..generation.batching import read_together
 
     times: list[list[float]] = [[] for _ in generations]
     start = time.perf_counter()
     read_together(generations, timeout=None, on_item=lambda index: times[index].append(time.perf_counter() - start))
+    return times
+
+
+def timed_streams(generations: list[Iterator[np.ndarray]]) -> dict:
+    """When each stream's chunks were ready; throughput in seconds of audio per second, real-time factors."""
+    times = item_times(generations)
     wall = max(stream[-1] for stream in times)
     audio = sum(len(stream) for stream in times) * FRAME_SECONDS
     per_stream = [{"first_audio_seconds": stream[0], "real_time_factor": stream[-1] / (len(stream) * FRAME_SECONDS),
                    "late_frames": late_frames(stream)} for stream in times]
-    return {"wall_seconds": wall, "throughput": audio / wall, "per_stream": per_stream, "chunk_times": times}
+    return {"wall_seconds": wall, "throughput": audio / wall, "steady_throughput": steady_rate(times, FRAME_SECONDS),
+            "per_stream": per_stream, "chunk_times": times}
+
+
+def steady_rate(times: list[list[float]], per_item: float) -> float:
+    """Output per second once every stream has begun (after the latest first item): the rate of the shared
+    steps, without the prompts' prefills, which run one stream at a time before it."""
+    begun = max(stream[0] for stream in times)
+    items = sum(ready > begun for stream in times for ready in stream)
+    return items * per_item / max(max(stream[-1] for stream in times) - begun, 1e-9)
+
+
+def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio: list[Path],
+                              threads: int | None) -> dict:
+    """`streams` transcriptions at once, their greedy steps batched (stream k: recording k of `audio`, cycled,
+    encoder means, exactly `tokens` greedy tokens whatever they are), and stream 0 alone before them, in this
+    one process: tokens per second over the whole run and while decoding, each stream's first token."""
+    from ..audio import db_normalize, read_audio
+    from ..generation.asr import TranscriptionResult, audio_embeddings, transcribe_tokens
+    from ..transcription import build_asr_prompt
+    from .asr import AsrBatch, OnnxAsrBackend
+
+    if not audio:
+        raise VibeVoiceError("bench of an ASR bundle transcribes recordings: give them with --audio FILE...")
+    bundle = Bundle(Path(bundle_dir), threads=threads)
+    timings = bundle.time_calls()
+    backend = OnnxAsrBackend(bundle)
+    clips = [db_normalize(read_audio(Path(path))[0]) for path in audio]
+
+    def transcription(k: int, loop_backend) -> Iterator[int]:  # lazily: a stream's time includes its encoders
+        samples = clips[k % len(clips)]
+        prompt = build_asr_prompt(bundle.tokenizer, len(samples))
+        embeddings = audio_embeddings(loop_backend, samples, None)
+        yield from transcribe_tokens(loop_backend, prompt, embeddings, set(), tokens, TranscriptionResult())
+
+    next(transcription(0, backend))  # sessions warm
+    runs = {}
+    for count in dict.fromkeys((1, streams)):
+        for values in timings.values():
+            values.clear()
+        batch = AsrBatch(backend, count) if count > 1 else None
+        generations = [transcription(k, backend) if batch is None else batch.frames(lambda b, k=k: transcription(k, b))
+                       for k in range(count)]
+        times = item_times(generations)
+        wall = max(stream[-1] for stream in times)
+        per_stream = [{"recording": str(audio[k % len(audio)]), "first_token_seconds": stream[0],
+                       "decode_tokens_per_second": (len(stream) - 1) / max(stream[-1] - stream[0], 1e-9)}
+                      for k, stream in enumerate(times)]
+        runs[count] = {"wall_seconds": wall, "tokens_per_second": count * tokens / wall,
+                       "decode_tokens_per_second": steady_rate(times, 1.0),
+                       "per_stream": per_stream, "token_times": times, "graphs": graph_costs(timings, tokens),
+                       "batches": batch_sizes(batch)}
+    alone, together = runs[1], runs[streams]
+    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+            "gates": gate_status(bundle), "tokens": tokens, "streams": streams, "alone": alone, "together": together,
+            "decode_ratio": together["decode_tokens_per_second"] / alone["decode_tokens_per_second"],
+            "throughput_ratio": together["tokens_per_second"] / alone["tokens_per_second"],
+            "peak_memory_bytes": peak_memory_bytes()}
+
+
+def batch_sizes(batch) -> dict:
+    """Per kind of batched call: the calls made, the batches they ran in, the largest batch."""
+    return {kind: {"calls": sum(sizes), "batches": len(sizes), "largest": max(sizes)}
+            for kind, sizes in (batch.batcher.batches.items() if batch else ())}
 
 
 def late_frames(times: list[float]) -> int:
@@ -243,11 +302,21 @@ def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, t
 
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
-          threads: int | None = None, decode_group: int | None = None, streams: int = 1) -> dict:
+          threads: int | None = None, decode_group: int | None = None, streams: int = 1,
+          audio: list[Path] | None = None) -> dict:
     """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's. With
-    `streams` > 1, the report of `run_streams` (no reference)."""
+    `streams` > 1, the report of `run_streams` (no reference). An ASR bundle: `run_transcription_streams` of
+    the recordings `audio`, `frames` greedy tokens each."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
+    from .asr import ASR_KINDS
+
+    if Bundle(Path(bundle_dir)).kind in ASR_KINDS:
+        if reference is not None or decode_group is not None:
+            raise VibeVoiceError("bench of an ASR bundle takes --streams, --frames (tokens) and --audio only")
+        return run_transcription_streams(bundle_dir, frames, streams, list(audio or ()), threads)
+    if audio:
+        raise VibeVoiceError("--audio is for ASR bundles; a TTS bundle speaks its own bench text")
     options = {} if decode_group is None else {"decode_group": decode_group}
     if streams > 1:
         if reference is not None:
@@ -270,7 +339,8 @@ def format_streams_report(report: dict) -> str:
              f"{report['frames']} latents a stream; peak memory {report['peak_memory_bytes'] / 1e9:.2f} GB"]
     for label, run in (("1 stream", alone), (f"{report['streams']} streams", together)):
         streams = run["per_stream"]
-        lines.append(f"{label:<13} {run['throughput']:.2f} s of audio per second, {run['wall_seconds']:.1f} s; per stream: "
+        lines.append(f"{label:<13} {run['throughput']:.2f} s of audio per second ({run['steady_throughput']:.2f} once all "
+                     f"have begun), {run['wall_seconds']:.1f} s; per stream: "
                      + ", ".join(f"RTF {s['real_time_factor']:.3f} first audio {1000 * s['first_audio_seconds']:.0f} ms "
                                  f"{s['late_frames']} late" for s in streams))
         lines.append("  per graph   " + ", ".join(f"{name} {g['ms_per_frame']:.1f} ms ({g['calls']} calls)"
@@ -278,11 +348,32 @@ def format_streams_report(report: dict) -> str:
     if together["batches"]:
         lines.append("  batches     " + ", ".join(f"{kind} {b['calls']} calls in {b['batches']} (at most {b['largest']})"
                                                   for kind, b in together["batches"].items()))
-    lines.append(f"throughput    {report['throughput_ratio']:.2f}x that of one stream")
+    lines.append(f"throughput    {report['throughput_ratio']:.2f}x that of one stream over the run, "
+                 f"{report['steady_ratio']:.2f}x once all have begun")
+    return "\n".join(lines)
+
+
+def format_transcription_report(report: dict) -> str:
+    lines = [f"bundle        {report['bundle']} ({report['kind']} {report['precision']}, gates {report['gates']}), "
+             f"{report['tokens']} greedy tokens a stream; peak memory {report['peak_memory_bytes'] / 1e9:.2f} GB"]
+    runs = [("1 stream", report["alone"])] + ([(f"{report['streams']} streams", report["together"])]
+                                              if report["streams"] > 1 else [])
+    for label, run in runs:
+        lines.append(f"{label:<13} {run['tokens_per_second']:.2f} tokens/s over {run['wall_seconds']:.1f} s, "
+                     f"{run['decode_tokens_per_second']:.2f} tokens/s once all decode; per stream: "
+                     + ", ".join(f"first token {s['first_token_seconds']:.1f} s, {s['decode_tokens_per_second']:.2f} "
+                                 "tokens/s" for s in run["per_stream"]))
+        lines.append("  per graph   " + ", ".join(f"{name} {g['ms_per_frame']:.1f} ms/token ({g['calls']} calls)"
+                                                  for name, g in run["graphs"].items()))
+    if report["streams"] > 1:
+        lines.append(f"throughput    {report['throughput_ratio']:.2f}x that of one stream over the run, "
+                     f"{report['decode_ratio']:.2f}x once all decode")
     return "\n".join(lines)
 
 
 def format_report(report: dict) -> str:
+    if "tokens" in report:
+        return format_transcription_report(report)
     if "streams" in report:
         return format_streams_report(report)
     runtime = report["runtime"]

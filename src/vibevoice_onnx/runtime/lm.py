@@ -168,32 +168,33 @@ class OnnxLm:
 
 
 class BatchedGuidedStreams:
-    """Both CFG streams of an LM in one batch-2 call per speech step (the weights are read once): row 0 of the
-    cache is the positive stream, row 1 the negative, each at its own length. Text goes to the positive row
-    alone. verify gates this against the two streams run separately."""
+    """Both CFG streams of an LM in one batch-2 call per speech step (the weights are read once): row `row` of the
+    cache is the positive stream, the next row the negative, each at its own length. Text goes to the positive
+    row alone. verify gates this against the two streams run separately."""
 
-    def __init__(self, lm: OnnxLm, cache: KvCache):
-        self.lm, self.cache = lm, cache
+    def __init__(self, lm: OnnxLm, cache: KvCache, row: int = 0):
+        self.lm, self.cache, self.row = lm, cache, row
 
     @property
     def position(self) -> int:
-        return int(self.cache.lengths[0])
+        return int(self.cache.lengths[self.row])
 
     def text(self, embeds):
-        return self.lm.run(embeds, self.cache, POSITIVE)[:, -1]
+        return self.lm.run(embeds, self.cache, slice(self.row, self.row + 1))[:, -1]
 
     def negative(self, embeds):
-        return self.lm.run(embeds, self.cache, NEGATIVE)[:, -1]
+        return self.lm.run(embeds, self.cache, slice(self.row + 1, self.row + 2))[:, -1]
 
     def speech(self, embeds):
-        hidden = self.lm.run(np.concatenate([embeds, embeds]), self.cache)[:, -1]
+        hidden = self.lm.run(np.concatenate([embeds, embeds]), self.cache, slice(self.row, self.row + 2))[:, -1]
         return hidden[0:1], hidden[1:2]
 
-    def forget(self, row: int, steps: int = 1) -> None:
-        self.cache.forget(row, steps)
+    def forget(self, stream: int, steps: int = 1) -> None:
+        """Take back `stream`'s (0 positive, 1 negative) last `steps` positions."""
+        self.cache.forget(self.row + stream, steps)
 
-    def restart(self, row: int) -> None:
-        self.cache.restart(row)
+    def restart(self, stream: int) -> None:
+        self.cache.restart(self.row + stream)
 
 
 class OnnxDiffusionHead:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VibeVoiceError
-from ..generation.batching import Batcher, member_frames, parked_iteration
 from ..generation.common import LmStream
 from ..generation.realtime import POSITIONS_PER_TOKEN, TAIL_FRAMES, GenerationResult, TextSegments, realtime_frames
 from ..options import check, check_optional
@@ -25,8 +24,8 @@ from ..sampling import NoiseSource
 from ..script import assign_voices, parse_script
 from ..text import TEXT_WINDOW, TextFeed, encode_tts_text, split_text
 from .bundle import Bundle
-from .lm import (BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, conditioning_rows,
-                 flat_cache, head_stepper)
+from .batch import BATCH_CAPACITY, MemberBackend, MemberGuidedStreams, StreamBatch, row_executor
+from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
 
 F32 = np.float32
@@ -50,13 +49,13 @@ BENCH_SEED = 42
 
 
 def bench_frames(backend, bundle: Bundle, voice: str, frames: int, result: GenerationResult,
-                 decode_group: int = DECODE_GROUP, *, stream: int = 0, batch: "StreamBatch | None" = None):
+                 decode_group: int = DECODE_GROUP, *, stream: int = 0, batch: "RealtimeBatch | None" = None):
     """What `bench` times, on either backend: exactly `frames` frames of a fixed text, voice and noise (EOS
     computed, not acted on, so a random checkpoint that would stop early still gives a full run); stream k of
     several speaks its own text with its own noise, batched with the others in `batch`."""
     text = encode_tts_text(bundle.tokenizer, BENCH_TEXTS[stream % len(BENCH_TEXTS)])
 
-    def run_loop(loop_backend, wrap=None):
+    def run_loop(loop_backend):
         return realtime_frames(loop_backend, bundle.voice(voice), text, NoiseSource.from_seed(BENCH_SEED + stream),
                                1.5, 5, frames, result, stop_on_eos=False, decode_group=decode_group)
 
@@ -94,6 +93,10 @@ class OnnxRealtimeBackend:
     def text_stream(self, layers, planned=None):
         return self.stream("lower_lm", layers, planned=planned)
 
+    def waited(self, items):
+        """Text windows as they come (a batch member waits for them parked: see runtime.batch)."""
+        return items
+
     def guided_streams(self, positive, negative, planned=None):
         lm = self.lms["upper_lm"]
         cache = KvCache.of_streams(lm, [flat_cache(positive), flat_cache(negative)], planned=planned,
@@ -123,94 +126,30 @@ class OnnxRealtimeBackend:
         return (latent / self.scale - self.bias).astype(F32)
 
 
-BATCH_CAPACITY = 1024  # positions a batch's shared cache starts with (a voice prompt and a minute of speech)
-
-
-class StreamBatch:
-    """Several realtime generations on one bundle at once (continuous batching, generation.batching): each
-    runs the same loop as a lone stream, in its own thread, and at every moment the calls the running streams
-    make are made together: one upper-LM call for all their positive and negative rows (rows of one shared
-    cache, two per stream), one diffusion-head conditioning call and one call per sampler step, one connector
-    and one EOS call. Text windows (5 tokens of one row: onnxruntime's attention takes several rows only one
-    token at a time) and the decoder (its conv state is exported for one stream) run stream by stream. A
-    stream that stops frees its rows at once; up to `max_streams` run, more wait for a free place.
+class RealtimeBatch(StreamBatch):
+    """Several realtime generations on one bundle at once (runtime.batch): each step, one upper-LM call for all
+    streams' positive and negative rows (two rows each of one shared cache), one diffusion-head conditioning call
+    and one call per sampler step, one connector and one EOS call. Text windows (5 tokens of one row:
+    onnxruntime's attention takes several rows only one token at a time) and the decoder run stream by stream.
 
         batch = tts.batch(max_streams=4)
         speeches = [tts.stream(text, voice=v, seed=s, batch=batch) for text, v, s in requests]  # read each anywhere
     """
 
     def __init__(self, backend: OnnxRealtimeBackend, max_streams: int):
-        self.backend, self.upper = backend, backend.lms["upper_lm"]
-        # Taken at once (first-touching fresh pages mid-stream cost 0.3-0.4 s a stream on these VMs) and doubled,
-        # one copy, only when the longest stream needs it: memory follows the longest stream, not the context.
-        rows = 2 * check("max_streams", max_streams)
-        self.cache = KvCache(self.upper, rows, min(backend.max_positions, BATCH_CAPACITY), resident=True)
-        self.batcher = Batcher({"upper_speech": self._upper_speech, "conditioning": self._conditioning,
-                                "head_step": self._head_step, "connect": self._connect, "eos": self._eos}, max_streams)
-
-    def describe(self) -> dict:
-        """The batch's room, its streams now, and its upper-LM speech steps so far: those that served several
-        streams at once, and the most streams one served."""
-        sizes = self.batcher.batches.get("upper_speech", [])
-        return {"max_streams": self.batcher.max_members, "streams": len(self.batcher.live()),
-                "shared_steps": sum(size > 1 for size in sizes), "largest_batch": max(sizes, default=0)}
-
-    def frames(self, run_loop):
-        """What `run_loop(backend, wrap)` yields, run as a member of the batch on the member's backend; `wrap`
-        makes an iterable of text windows one that is waited for parked (see generation.batching)."""
-        def member_loop(member):
-            wrap = lambda windows: parked_iteration(self.batcher, member, windows)  # noqa: E731
-            return run_loop(BatchMemberBackend(self, member), wrap)
-
-        return member_frames(self.batcher, member_loop)
-
-    def _upper_speech(self, payloads):
-        live = {member.slot for member in self.batcher.live()}
-        stale = [row for row in range(len(self.cache.lengths)) if row // 2 not in live]
-        self.cache.lengths[stale] = 0  # rows of a stream that left: nothing of theirs is attended to again
-        rows = [row for slot, _ in payloads for row in (2 * slot, 2 * slot + 1)]
-        embeds = np.concatenate([np.concatenate([e, e]) for _, e in payloads])
-        hidden = self.upper.step_rows(rows, embeds, self.cache)
-        return [(hidden[2 * k : 2 * k + 1], hidden[2 * k + 1 : 2 * k + 2]) for k in range(len(payloads))]
-
-    def _conditioning(self, payloads):
-        pairs = [conditioning_rows(conditions, timesteps) for conditions, timesteps in payloads]
-        modulation = self.backend.head.modulation(np.concatenate([t for t, _ in pairs]),
-                                                  np.concatenate([c for _, c in pairs]))
-        return split_rows(modulation, [len(t) for t, _ in pairs])
-
-    def _head_step(self, payloads):
-        velocity = self.backend.head.run_step(np.concatenate([n for n, _ in payloads]),
-                                              np.concatenate([m for _, m in payloads]))
-        return split_rows(velocity, [len(n) for n, _ in payloads])
-
-    def _connect(self, latents):
-        return split_rows(self.backend.connect(np.concatenate(latents)), [len(x) for x in latents])
+        super().__init__(backend, backend.lms["upper_lm"], max_streams, 2,
+                         min(backend.max_positions, BATCH_CAPACITY),
+                         {"connect": row_executor(backend.connect), "eos": self._eos})
 
     def _eos(self, hiddens):
         logits = self.backend.sessions["eos_classifier"].run(None, {"hidden_states": np.concatenate(hiddens)})[0]
         return [float(logit) for logit in logits[:, 0]]
 
 
-def split_rows(array: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    return np.split(array, np.cumsum(sizes)[:-1])
+class RealtimeMember(MemberBackend):
+    """A realtime stream's backend in a RealtimeBatch."""
 
-
-class BatchMemberBackend:
-    """One stream's backend in a StreamBatch: the loop's RealtimeBackend, each model call made through the
-    batcher; what needs no model (embeddings, scaling, a new decoder state) is the lone backend's."""
-
-    def __init__(self, batch: StreamBatch, member):
-        self.base, self.batch, self.member = batch.backend, batch, member
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
-
-    def _call(self, kind: str, payload):
-        return self.batch.batcher.call(self.member, kind, payload)
-
-    def _alone(self, thunk):
-        return self.batch.batcher.alone(self.member, thunk)
+    alone_calls = MemberBackend.alone_calls | {"decode_frames"}
 
     def text_stream(self, layers, planned=None):
         stream = self.base.text_stream(layers, planned)
@@ -219,18 +158,9 @@ class BatchMemberBackend:
         return stream
 
     def guided_streams(self, positive, negative, planned=None):
-        rows = (2 * self.member.slot, 2 * self.member.slot + 1)
-        for row, layers in zip(rows, (positive, negative)):
+        for row, layers in zip(self.rows, (positive, negative)):
             self._alone(lambda row=row, layers=layers: self.batch.cache.load(row, flat_cache(layers)))
         return MemberGuidedStreams(self)
-
-    def head_at(self, conditions, timesteps):
-        modulation = self._call("conditioning", (conditions, timesteps))
-        return head_stepper(modulation, len(conditions), timesteps,
-                            lambda noisy, rows: self._call("head_step", (noisy, rows)))
-
-    def velocity(self, noisy, timesteps, conditions):
-        return self._alone(lambda: self.base.velocity(noisy, timesteps, conditions))
 
     def connect(self, latent):
         return self._call("connect", latent.astype(F32))
@@ -238,26 +168,8 @@ class BatchMemberBackend:
     def eos_logit(self, hidden):
         return self._call("eos", hidden.astype(F32))
 
-    def decode_frames(self, latent, state):
-        return self._alone(lambda: self.base.decode_frames(latent, state))
 
-
-class MemberGuidedStreams:
-    """A batch member's two CFG rows of the shared upper-LM cache (generation.realtime.GuidedStreams' form)."""
-
-    def __init__(self, backend: BatchMemberBackend):
-        self.backend, self.row = backend, 2 * backend.member.slot
-
-    @property
-    def position(self) -> int:
-        return int(self.backend.batch.cache.lengths[self.row])
-
-    def text(self, embeds):
-        lm, cache, rows = self.backend.batch.upper, self.backend.batch.cache, slice(self.row, self.row + 1)
-        return self.backend._alone(lambda: lm.run(embeds, cache, rows)[:, -1])
-
-    def speech(self, embeds):
-        return self.backend._call("upper_speech", (self.backend.member.slot, embeds))
+RealtimeBatch.member_backend = RealtimeMember
 
 
 class TextStream(Speech):
@@ -298,7 +210,7 @@ class RealtimeTTS(TtsModel):
 
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                noise: NoiseSource | None = None, max_frames: int | None = None,
-               decode_group: int = DECODE_GROUP, batch: StreamBatch | None = None) -> Speech:
+               decode_group: int = DECODE_GROUP, batch: RealtimeBatch | None = None) -> Speech:
         """Speech of `text`; one longer than the model's context is spoken in segments (speech.segments > 1).
         With `batch` (see `batch()`), it runs batched with the batch's other streams, to the same audio."""
         segments = self.segments(text, voice)
@@ -324,19 +236,19 @@ class RealtimeTTS(TtsModel):
     def text_stream(self, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                     noise: NoiseSource | None = None, max_frames: int | None = None,
                     decode_group: int = DECODE_GROUP, max_chars: int | None = None,
-                    batch: StreamBatch | None = None) -> TextStream:
+                    batch: RealtimeBatch | None = None) -> TextStream:
         """Speech of a text fed in pieces (see TextStream); each 5-token window runs as soon as it is complete."""
         feed = TextFeed(self.bundle.tokenizer, max_chars)
         speech = self._speech(feed, voice, cfg_scale, steps, seed, noise, max_frames, decode_group, batch)
         return TextStream(feed, speech._frames, speech.result, speech.seed, speech.noise)
 
-    def batch(self, max_streams: int = 4) -> StreamBatch:
-        """Room for `max_streams` generations batched frame by frame on this model (see StreamBatch)."""
-        return StreamBatch(self.backend, max_streams)
+    def batch(self, max_streams: int = 4) -> RealtimeBatch:
+        """Room for `max_streams` generations batched frame by frame on this model (see RealtimeBatch)."""
+        return RealtimeBatch(self.backend, max_streams)
 
     def dialogue(self, script: str, voices: dict, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                  max_frames: int | None = None, turn_gap: float = 0.0, decode_group: int = DECODE_GROUP,
-                 batch: StreamBatch | None = None) -> Dialogue:
+                 batch: RealtimeBatch | None = None) -> Dialogue:
         """Speak a `Speaker N:` script, one line a turn: turn k (from 0) is `stream(its text, its speaker's
         voice, seed=seed + k)`, capped at `max_frames`, and `turn_gap` seconds of silence join the turns.
         `voices` maps each speaker number as written to a bundle voice (a None key: a script of one speaker)."""
@@ -366,14 +278,14 @@ class RealtimeTTS(TtsModel):
         return Dialogue(frames(), result, seed, turns)
 
     def _speech(self, text_ids, voice: str, cfg_scale: float, steps: int, seed: int | None, noise: NoiseSource | None,
-                max_frames: int | None, decode_group: int, batch: StreamBatch | None = None) -> Speech:
+                max_frames: int | None, decode_group: int, batch: RealtimeBatch | None = None) -> Speech:
         cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
         max_frames, decode_group = check_optional("max_frames", max_frames), check("decode_group", decode_group)
         prompt = self.bundle.voice(voice)
         noise, seed = self.noise_source(seed, noise)
         result = GenerationResult()
-        def run_loop(backend, wrap=lambda windows: windows):
-            text = wrap(text_ids) if isinstance(text_ids, TextFeed) else text_ids
+        def run_loop(backend):
+            text = backend.waited(text_ids) if isinstance(text_ids, TextFeed) else text_ids
             return realtime_frames(backend, prompt, text, noise, cfg_scale, steps, max_frames, result,
                                    decode_group=decode_group)
 

@@ -23,34 +23,41 @@ from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import Script, assign_voices, build_prompt, parse_script
 from ..text import split_text
-from .lm import POSITIVE, BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
+from .batch import BATCH_CAPACITY, MemberBackend, MemberGuidedStreams, StreamBatch, row_executor
+from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv
 from .speech import Speech, TtsModel
 
 F32 = np.float32
 VOICE_LATENTS = ("sample", "mean")
 VOICE_NOISE_STREAM = 1 << 40  # the voice-prompt noise draws from its own stream of the seed (frames use 0, 1, ...)
-BENCH_SCRIPT = ("Speaker 1: VibeVoice turns a script into speech one latent at a time. This benchmark measures how "
-                "fast the ONNX runtime speaks compared with the PyTorch reference, on the same weights and noise.")
+BENCH_SCRIPTS = (  # stream k of `bench --streams` speaks script k (cycled), with seed BENCH_SEED + k
+    "Speaker 1: VibeVoice turns a script into speech one latent at a time. This benchmark measures how fast the "
+    "ONNX runtime speaks compared with the PyTorch reference, on the same weights and noise.",
+    "Speaker 1: Two scripts at once share one model here.\nSpeaker 2: Each step, both read the weights together.",
+)
 BENCH_SEED = 42
 
 
-def bench_frames(backend, bundle, voice: str, frames: int, result: LongFormResult, decode_group: int | None = None):
-    """What `bench` times, on either backend: exactly `frames` latents of a one-speaker script (speech start,
-    then speech picked at every step whatever the LM prefers, the cap of twice the prompt's length lifted), the
-    voice's encoder mean and fixed noise, so a random checkpoint gives a full run of any length."""
+def bench_frames(backend, bundle, voice: str, frames: int, result: LongFormResult, decode_group: int | None = None,
+                 *, stream: int = 0, batch: "LongFormBatch | None" = None):
+    """What `bench` times, on either backend: exactly `frames` latents of a script (speech start, then speech
+    picked at every step whatever the LM prefers, the cap of twice the prompt's length lifted), the voice's
+    encoder mean (for every speaker) and fixed noise, so a random checkpoint gives a full run of any length;
+    stream k of several speaks its own script with its own noise, batched with the others in `batch`."""
     if decode_group is not None:
         raise VibeVoiceError(f"--decode-group is for realtime bundles; a {bundle.kind} bundle decodes each latent "
                              "as it is made")
     sample = bundle.voice(voice)
-    prompt = build_prompt(bundle.tokenizer, parse_script(BENCH_SCRIPT), [sample.frames])
+    script = parse_script(BENCH_SCRIPTS[stream % len(BENCH_SCRIPTS)])
+    prompt = build_prompt(bundle.tokenizer, script, [sample.frames] * len(script.speakers))
     ids = TokenIds.from_tokenizer(bundle.tokenizer)
-    noise = NoiseSource.from_seed(BENCH_SEED, bundle.dims.head.latent)
+    noise = NoiseSource.from_seed(BENCH_SEED + stream, bundle.dims.head.latent)
 
-    def latents() -> Iterator[np.ndarray]:  # lazily: the first audio includes encoding the voice and the prefill
-        embeds = prompt_embeddings(backend, prompt, [sample.samples], None)
-        yield from long_form_frames(backend, embeds, ids, noise, 1.3, 10, frames, result, upstream_cap=False,
+    def latents(loop_backend) -> Iterator[np.ndarray]:  # lazily: the first audio includes the voice and the prefill
+        embeds = prompt_embeddings(loop_backend, prompt, [sample.samples] * len(script.speakers), None)
+        yield from long_form_frames(loop_backend, embeds, ids, noise, 1.3, 10, frames, result, upstream_cap=False,
                                     choose=lambda step, greedy: ids.start if step == 0 else ids.pad)
-    return latents()
+    return latents(backend) if batch is None else batch.frames(latents)
 
 
 class OnnxGuidedLm:
@@ -67,11 +74,13 @@ class OnnxGuidedLm:
         self.streams: BatchedGuidedStreams | None = None
         self.speculated: tuple[np.ndarray, np.ndarray] | None = None  # (input, negative hidden) of the last step
 
+    def open_streams(self, length: int) -> BatchedGuidedStreams:
+        """Two empty rows for a prompt of `length` and the run after it."""
+        return BatchedGuidedStreams(self.lm, KvCache.planned(self.lm, 2, length, self.planned, self.limit, self.in_place))
+
     def prefill(self, embeds):
-        cache = KvCache.planned(self.lm, 2, embeds.shape[1], self.planned, self.limit, self.in_place)
-        hidden = self.lm.run(embeds, cache, POSITIVE)
-        self.streams = BatchedGuidedStreams(self.lm, cache)
-        return hidden[:, -1]
+        self.streams = self.open_streams(embeds.shape[1])
+        return self.streams.text(embeds)
 
     def positive(self, embed):
         self._drop_speculation()
@@ -161,6 +170,59 @@ class OnnxTts15bBackend:
         return self.semantic.run(chunk[None, None], state)
 
 
+class LongFormBatch(StreamBatch):
+    """Several 1.5B (or Large) generations on one bundle at once (runtime.batch): each step, one LM call for all
+    streams' positive and negative rows (two rows each of one shared cache), one diffusion-head conditioning call
+    and one call per sampler step, one call of each connector. A prompt's prefill, a lone negative step and the
+    streaming decoder and semantic encoder run stream by stream. A script in segments restarts its rows at each.
+
+        batch = tts.batch(max_streams=2)
+        speeches = [tts.stream(script, speakers, seed=s, batch=batch) for script, speakers, s in requests]
+    """
+
+    def __init__(self, backend: OnnxTts15bBackend, max_streams: int):
+        super().__init__(backend, backend.lm, max_streams, 2, min(backend.max_positions, BATCH_CAPACITY),
+                         {"connect_acoustic": row_executor(backend.connect_acoustic),
+                          "connect_semantic": row_executor(backend.connect_semantic)})
+
+
+class LongFormMember(MemberBackend):
+    """A long-form stream's backend in a LongFormBatch."""
+
+    alone_calls = MemberBackend.alone_calls | {"encode_voices", "decode_frames", "encode_semantic"}
+
+    def guided_lm(self, planned=None):
+        return MemberGuidedLm(self)
+
+    def connect_acoustic(self, latents):
+        return self._connect("connect_acoustic", latents)
+
+    def connect_semantic(self, features):
+        return self._connect("connect_semantic", features)
+
+    def _connect(self, kind: str, latents):
+        """One frame's (the loop's per-step input) batched; a voice prompt's many frames alone."""
+        if latents.shape[:2] == (1, 1):
+            return self._call(kind, np.ascontiguousarray(latents, dtype=F32))
+        run = getattr(self.base, kind)
+        return self._alone(lambda: run(latents))
+
+
+class MemberGuidedLm(OnnxGuidedLm):
+    """OnnxGuidedLm on a batch member's two rows of the shared cache: its speech steps batched."""
+
+    def __init__(self, backend: LongFormMember):
+        super().__init__(backend.batch.lm)
+        self.backend = backend
+
+    def open_streams(self, length):
+        self.backend.batch.cache.lengths[self.backend.rows] = 0  # this thread's rows: no batch runs while it is here
+        return MemberGuidedStreams(self.backend)
+
+
+LongFormBatch.member_backend = LongFormMember
+
+
 Speakers = dict | str | VoiceSample  # {script number: voice}, or one voice for a script with one speaker
 
 
@@ -185,7 +247,10 @@ class LongFormTTS(TtsModel):
         raise VibeVoiceError(f"'{spec}' is neither a voice of {self.bundle.path} (available: {available}) nor an audio file")
 
     def stream(self, script: str, speakers: Speakers, cfg_scale: float = 1.3, steps: int = 10, seed: int | None = None,
-               noise: NoiseSource | None = None, voice_latents: str = "sample", max_frames: int | None = None) -> Speech:
+               noise: NoiseSource | None = None, voice_latents: str = "sample", max_frames: int | None = None,
+               batch: LongFormBatch | None = None) -> Speech:
+        """Speech of a `Speaker N:` script (or plain text, one speaker). With `batch` (see `batch()`), it runs
+        batched with the batch's other streams, to the same audio."""
         cfg_scale, steps = check("cfg_scale", cfg_scale), check("steps", steps)
         max_frames = check_optional("max_frames", max_frames)
         if voice_latents not in VOICE_LATENTS:
@@ -202,13 +267,17 @@ class LongFormTTS(TtsModel):
         rng = np.random.default_rng([seed, VOICE_NOISE_STREAM]) if voice_latents == "sample" else None
         result = LongFormResult()
 
-        def frames() -> Iterator[np.ndarray]:  # lazily, so time to first audio includes encoding the voices
-            yield from segmented_frames(self.backend, prompts, [v.samples for v in voices], rng, ids, noise, cfg_scale,
+        def frames(backend) -> Iterator[np.ndarray]:  # lazily, so time to first audio includes encoding the voices
+            yield from segmented_frames(backend, prompts, [v.samples for v in voices], rng, ids, noise, cfg_scale,
                                         steps, max_frames, result)
 
-        speech = Speech(frames(), result, seed, noise)
+        speech = Speech(frames(self.backend) if batch is None else batch.frames(frames), result, seed, noise)
         speech.prompt_tokens, speech.voices, speech.segments = len(prompts[0].ids), voices, len(prompts)
         return speech
+
+    def batch(self, max_streams: int = 2) -> LongFormBatch:
+        """Room for `max_streams` generations batched step by step on this model (see LongFormBatch)."""
+        return LongFormBatch(self.backend, max_streams)
 
     def segments(self, script: Script, voice_frames: list[int]) -> list[Script]:
         """The script whole or, where its prompt would leave too little of the model's context for the steps

@@ -41,7 +41,7 @@ FORM_OVERHEAD = 64 * 1024  # multipart boundaries and text fields, beyond the up
 @dataclass
 class Settings:
     max_active: int = 4  # generations at once (each a worker thread)
-    max_batch: int = 4  # realtime generations of one bundle batched frame by frame (bench --streams measures it)
+    max_batch: int = 4  # generations of one bundle batched step by step (bench --streams measures it)
     max_queue: int = 16  # requests that may wait for one; beyond, 429
     max_input_chars: int = 4096
     max_upload_mb: float = 25.0  # OpenAI's own limit

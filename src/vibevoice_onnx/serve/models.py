@@ -32,7 +32,7 @@ class ServedModel:
     bundle: Bundle
     runner: TtsModel | Transcriber  # sessions loaded once; onnxruntime runs them from several threads at once
     aliases: dict[str, str] = field(default_factory=dict)
-    batch: object | None = None  # the realtime runner's StreamBatch: concurrent requests share its model calls
+    batch: object | None = None  # the runner's StreamBatch (runtime.batch): concurrent requests share its model calls
 
     @property
     def batched(self) -> dict:
@@ -83,7 +83,8 @@ class Models:
     @classmethod
     def open(cls, paths: list[Path], threads: int | None = None, force: bool = False,
              aliases: dict[str, str] | None = None, max_batch: int = 1) -> "Models":
-        """`max_batch` > 1: realtime bundles batch that many concurrent generations frame by frame."""
+        """`max_batch` > 1: each bundle batches that many concurrent generations (transcriptions: their greedy
+        decoding) step by step."""
         models, ids = [], set()
         for path in paths:
             bundle = Bundle(Path(path), threads=threads)
@@ -95,7 +96,7 @@ class Models:
                 raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
             model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)
             ids.add(model_id)
-            batch = runner.batch(max_batch) if bundle.kind == "realtime" and max_batch > 1 else None
+            batch = runner.batch(max_batch) if max_batch > 1 else None
             models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {}), batch))
         for name, voice in (aliases or {}).items():
             if not any(voice in m.voices() for m in models):

@@ -100,7 +100,7 @@ def start(request: SpeechRequest) -> Speech:
                        param="voice")
     given = dict(zip(speakers, request.voices))
     if model.kind in LONG_FORM_KINDS:
-        return model.runner.stream(request.text, given, **options)
+        return model.runner.stream(request.text, given, **options, **model.batched)
     return model.runner.dialogue(request.text, given, turn_gap=request.turn_gap, **options, **model.batched)
 
 

@@ -161,7 +161,7 @@ def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int
                 emit((delta, new))
 
         transcript = model.runner.transcribe(samples, sample_rate=rate, hotwords=request.prompt, on_token=on_token,
-                                             **request.options)
+                                             **request.options, **model.batched)
         if stream:
             emit(segments.update(transcript.text, final=True))
         return transcript

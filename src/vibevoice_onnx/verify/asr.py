@@ -1,7 +1,8 @@
 """The gates of an ASR bundle against the fp32 PyTorch reference: every graph, KV incremental == prefill,
 the streaming encoders over several segments == one pass, and
 the closed loop: the runtime's greedy tokens equal the reference's on a speech clip (the encoder means, so
-both see the same audio embeddings), with the smallest top-2 logit margin beside it."""
+both see the same audio embeddings), with the smallest top-2 logit margin beside it; and several clips'
+greedy decodes batched == each alone."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import numpy as np
 import torch
 
 from ..audio import db_normalize, read_audio
-from ..generation.asr import (audio_embeddings, encoder_means, forced_logits, greedy_agreement, run_transcription,
-                              stop_ids)
+from ..generation.asr import (TranscriptionResult, audio_embeddings, encoder_means, forced_logits, greedy_agreement,
+                              run_transcription, stop_ids, transcribe_tokens)
 from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
-from ..runtime.asr import ENCODERS, OnnxAsrBackend
+from ..runtime.asr import ENCODERS, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..transcription import build_asr_prompt
-from .common import Gate, Limits, Probe, compare, cosine, lm_gates
+from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, compare,
+                     cosine, lm_gates)
 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
@@ -92,6 +94,37 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
                    "prompt_tokens": len(prompt.ids), "audio_tokens": len(prompt.audio_positions)}
 
 
+BATCH_GATE_CLIPS = ((0.0, 1.0), (0.0, 0.45), (0.3, 0.8))  # (start, end) of the clip: other lengths and audio
+BATCH_GATE_TOKENS = (16, 12, 16)
+
+
+def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray) -> Gate:
+    """Three clips of the verification audio, of other lengths, transcribed with their greedy steps batched on
+    one model (the third joining after the first has made three tokens) against each alone: the same tokens
+    and every step's logits the same (cosine 0.99999). Batching must change nothing, at any precision."""
+    tokenizer, stops = bundle.tokenizer, stop_ids(bundle.tokenizer)
+    jobs = []
+    for (start, end), tokens in zip(BATCH_GATE_CLIPS, BATCH_GATE_TOKENS):
+        clip = samples[int(start * len(samples)): int(end * len(samples))]
+        jobs.append((build_asr_prompt(tokenizer, len(clip)), clip, tokens))
+
+    def run(backend, job, result):
+        prompt, clip, tokens = job
+        return transcribe_tokens(backend, prompt, audio_embeddings(backend, clip, None), stops, tokens, result,
+                                 keep_logits=True)
+
+    batch = AsrBatch(runtime, len(jobs))
+    alone, batched = batched_and_alone(runtime, batch, jobs, run, TranscriptionResult)
+    gate = compare("batched streams == separate streams", [np.stack(r.logits) for r in batched],
+                   [np.stack(r.logits) for r in alone],
+                   f"3 clips of {'/'.join(str(len(clip) // 3200) for _, clip, _ in jobs)} audio tokens, "
+                   f"{'/'.join(str(len(r.tokens)) for r in alone)} greedy tokens, the third joining at the first's "
+                   f"token {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
+                   min_cosine=BATCHED_MIN_COSINE)
+    gate.passed &= all(a.tokens == b.tokens for a, b in zip(alone, batched))
+    return gate
+
+
 def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     from ..checkpoints.files import open_checkpoint
     from ..reference.asr import load_asr, load_asr_layer_streamed
@@ -108,4 +141,5 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: 
     log("  closed loop: greedy transcription, runtime vs reference")
     samples, source = verification_audio(voice)
     loop, info = closed_loop(bundle, reference, runtime, samples, limits)
-    return gates + loop, {"closed_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}
+    log("  batched transcriptions against each alone")
+    return gates + loop + [batched_streams(bundle, runtime, samples)], {"closed_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}

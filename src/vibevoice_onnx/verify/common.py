@@ -121,6 +121,27 @@ def compare(name: str, outputs: list, references: list, detail: str = "", min_co
     return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""))
 
 
+BATCHED_MIN_COSINE = 0.99999  # batching may change the order of float sums, nothing else
+BATCH_LATE_AFTER = 3  # the last of a batch gate's streams joins once the first has given this many items
+
+
+def batched_and_alone(backend, batch, jobs: list, run: Callable, new_result: Callable) -> tuple[list, list]:
+    """Each job run by itself on `backend`, then all of them batched in `batch` (runtime.batch), the last
+    joining once the first has given BATCH_LATE_AFTER items: (the results alone, the results batched).
+    `run(backend, job, result)` is the job's generation, filling `result` (a fresh `new_result()`)."""
+    from ..generation.batching import read_together
+
+    alone = [new_result() for _ in jobs]
+    for job, result in zip(jobs, alone):
+        for _ in run(backend, job, result):
+            pass
+    batched = [new_result() for _ in jobs]
+    streams = [batch.frames(lambda member, job=job, result=result: run(member, job, result))
+               for job, result in zip(jobs, batched)]
+    read_together(streams, late=len(jobs) - 1, after=BATCH_LATE_AFTER)
+    return alone, batched
+
+
 def cache_layers(cache: DynamicCache) -> list[tuple[np.ndarray, np.ndarray]]:
     """A transformers cache as (K, V) arrays per layer, copied (the cache keeps growing in place)."""
     return [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]

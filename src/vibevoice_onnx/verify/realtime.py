@@ -14,18 +14,17 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
-from ..generation.batching import read_together
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
-from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, StreamBatch
+from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch
 from ..sampling import NoiseSource
 from ..text import SPEECH_WINDOW, encode_tts_text
 from ..voices import VoicePrompt
 from .common import (
-    Gate, Limits, Probe, cache_layers, compare, decoder_gates, forced_gates, head_gate, judged_frames, lm_gates, lm_step,
-    loop_gates, module_gate,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, cache_layers, compare, decoder_gates,
+    forced_gates, head_gate, judged_frames, lm_gates, lm_step, loop_gates, module_gate,
 )
 
 CLOSED_LOOP_TEXT = (
@@ -171,25 +170,21 @@ def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenize
     jobs = [(reference_prompt(model, tokenizer, voice), encode_tts_text(tokenizer, text), frames, SEED + k)
             for k, (voice, text, frames) in enumerate(zip(BATCH_GATE_VOICES, BATCH_GATE_TEXTS, BATCH_GATE_FRAMES))]
 
-    def run(backend, result, job):
+    def run(backend, job, result):
         prompt, ids, frames, seed = job
         noise = NoiseSource.from_seed(seed, model.dims.head.latent)
         return realtime_frames(backend, prompt, ids, noise, CFG_SCALE, STEPS, frames, result, stop_on_eos=False,
                                decode_group=DECODE_GROUP)
 
-    alone = [GenerationResult() for _ in jobs]
-    for result, job in zip(alone, jobs):
-        for _ in run(runtime, result, job):
-            pass
-    batch, batched = StreamBatch(runtime, len(jobs)), [GenerationResult() for _ in jobs]
-    streams = [batch.frames(lambda backend, wrap, r=result, j=job: run(backend, r, j)) for result, job in zip(batched, jobs)]
-    read_together(streams, late=2, after=3)
+    batch = RealtimeBatch(runtime, len(jobs))
+    alone, batched = batched_and_alone(runtime, batch, jobs, run, GenerationResult)
     decisions = all([eos_fires(x) for x in a.eos_logits] == [eos_fires(x) for x in b.eos_logits]
                     for a, b in zip(batched, alone))
     gate = compare("batched streams == separate streams", [r.latents for r in batched] + [r.audio for r in batched],
                    [r.latents for r in alone] + [r.audio for r in alone],
                    f"3 streams of {'/'.join(map(str, BATCH_GATE_FRAMES))} frames, the third joining at the first's "
-                   f"frame 3; largest batch {max(batch.batcher.batches['upper_speech'])}", min_cosine=0.99999)
+                   f"frame {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
+                   min_cosine=BATCHED_MIN_COSINE)
     gate.passed &= decisions and [r.frames for r in batched] == [r.frames for r in alone]
     return gate
 

@@ -24,12 +24,12 @@ from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_stat
 from ..reference.tts15b import TorchGuidedLm, Tts15bReference, generate
 from ..runtime.bundle import Bundle
 from ..runtime.lm import KvCache
-from ..runtime.tts15b import OnnxTts15bBackend
+from ..runtime.tts15b import LongFormBatch, OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .common import (
-    Gate, Limits, Probe, compare, decoder_gates, forced_gates, head_gate, judged_frames, lm_gates, lm_step, loop_gates,
-    module_gate,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, compare, decoder_gates, forced_gates,
+    head_gate, judged_frames, lm_gates, lm_step, loop_gates, module_gate,
 )
 
 CLOSED_LOOP_SCRIPT = (
@@ -202,6 +202,47 @@ def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15b
     return gates, info
 
 
+BATCH_GATE_SCRIPTS = (  # (script, token schedule, steps, latent limit): other lengths, speakers and schedules
+    (CLOSED_LOOP_SCRIPT, "segments", None, None),
+    ("Speaker 1: A second script with one speaker, running free.", None, FREE_STEPS, None),
+    ("Speaker 1: The third joins late.\nSpeaker 2: And answers at once.", "segments", None, 2 * SEGMENT_LATENTS + 3),
+)
+
+
+def batched_streams(bundle: Bundle, runtime: OnnxTts15bBackend, voices: list[np.ndarray]) -> Gate:
+    """Three scripts of different lengths and speaker counts batched on one model (the third joining after the
+    first has made three latents; two with the forced segment schedule, so their negative rows restart and their
+    conv states are zeroed mid-batch) against each run alone: the same tokens, latents and audio (cosine 0.99999).
+    Batching must change nothing, at any precision."""
+    ids = TokenIds.from_tokenizer(bundle.tokenizer)
+    jobs = []
+    for k, (text, schedule, max_steps, max_frames) in enumerate(BATCH_GATE_SCRIPTS):
+        script = parse_script(text)
+        chosen = voices[: len(script.speakers)]
+        prompt = build_prompt(bundle.tokenizer, script, [-(-len(v) // 3200) for v in chosen])
+        choose = forced_segments(ids) if schedule else None
+        jobs.append((prompt_embeddings(runtime, prompt, chosen, None), choose, max_steps, max_frames, SEED + k))
+
+    def run(backend, job, result):
+        embeds, choose, max_steps, max_frames, seed = job
+        noise = NoiseSource.from_seed(seed, runtime.bundle.dims.head.latent)
+        return long_form_frames(backend, embeds, ids, noise, CFG_SCALE, STEPS, max_frames, result, choose, max_steps)
+
+    batch = LongFormBatch(runtime, len(jobs))
+    alone, batched = batched_and_alone(runtime, batch, jobs, run, LongFormResult)
+    spoken = [k for k, result in enumerate(alone) if result.frames]
+    gate = compare("batched streams == separate streams",
+                   [np.stack(batched[k].latents) for k in spoken] + [batched[k].audio for k in spoken],
+                   [np.stack(alone[k].latents) for k in spoken] + [alone[k].audio for k in spoken],
+                   f"3 scripts of {'/'.join(str(r.frames) for r in alone)} latents, the third joining at the first's "
+                   f"latent {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
+                   min_cosine=BATCHED_MIN_COSINE) if spoken else Gate("batched streams == separate streams", None, 0.0,
+                                                                       False, "no script made a latent")
+    gate.passed &= all(a.tokens == b.tokens and a.stop_reason == b.stop_reason and a.frames == b.frames
+                       for a, b in zip(alone, batched))
+    return gate
+
+
 def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndarray], str]:
     """Two voice samples: synthetic signals, or bundle voices named "A" or "A,B" (the second defaults to
     the second synthetic signal)."""
@@ -244,4 +285,5 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: 
     log("  closed loops: the whole generation, runtime vs reference")
     voices, source = verification_voices(bundle, voice)
     loops, info = closed_loops(bundle, reference, runtime, voices, limits)
-    return gates + loops, {"closed_loop": {**info, "voices": source}}
+    log("  batched streams against each alone")
+    return gates + loops + [batched_streams(bundle, runtime, voices)], {"closed_loop": {**info, "voices": source}}
