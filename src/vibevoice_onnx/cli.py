@@ -199,6 +199,33 @@ def cmd_transcribe(args) -> int:
     return 0
 
 
+def _item_defaults(text: str | None) -> dict:
+    if text is None:
+        return {}
+    try:
+        defaults = json.loads(text)
+    except ValueError as e:
+        raise VibeVoiceError(f"--defaults is not JSON ({e})") from None
+    if not isinstance(defaults, dict) or "id" in defaults:
+        raise VibeVoiceError("--defaults takes a JSON object of item fields other than \"id\", such as "
+                             "'{\"max_new_tokens\": 2000}'")
+    return defaults
+
+
+def cmd_batch(args) -> int:
+    try:
+        from .cluster.jobs import run_job
+    except ImportError as e:
+        raise VibeVoiceError(f"batch jobs need the cluster extra (pip install 'vibevoice-onnx[cluster]'): {e}") from None
+    summary = run_job(args.task, Path(args.bundle), Path(args.items), Path(args.output), address=args.address,
+                      workers=args.workers, threads_per_worker=args.threads_per_worker, force=args.force,
+                      log=lambda line: print(line, file=sys.stderr, flush=True), defaults=_item_defaults(args.defaults))
+    if summary["failed"]:
+        raise VibeVoiceError(f"{summary['failed']} of {summary['items']} items failed: their errors are in "
+                             f"{Path(args.output) / 'manifest.jsonl'}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .runtime.bench import bench, format_report, plot
 
@@ -360,6 +387,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="transcribe with a bundle that failed its gates or, for a "
                    "quantized one, has not been verified")
     p.set_defaults(func=cmd_transcribe)
+
+    p = sub.add_parser("batch", help="many items as a Ray Data job (the cluster extra): synthesize a JSONL of texts, "
+                       "or transcribe a folder or JSONL of recordings; resumable, one output and manifest row per item")
+    tasks = p.add_subparsers(dest="task", required=True)
+    for task, items_help in (("synthesize", "a JSONL file: one {\"id\", \"text\" | \"script\", \"voice\" | "
+                              "\"speakers\", and speak's options (seed, cfg_scale, steps, max_frames, wav_format, "
+                              "turn_gap, voice_latents)} a line"),
+                             ("transcribe", "a folder of recordings, or a JSONL file: one {\"audio\": PATH, and "
+                              "optionally \"id\", \"hotwords\", \"seed\", \"max_new_tokens\"} a line")):
+        t = tasks.add_parser(task, help=f"batch {task}: OUT/{'audio/ID.wav' if task == 'synthesize' else 'transcripts/ID.json'}"
+                             ", OUT/manifest.jsonl and OUT/manifest.parquet")
+        t.add_argument("bundle", metavar="BUNDLE_DIR")
+        t.add_argument("items", metavar="ITEMS", help=items_help)
+        t.add_argument("-o", "--output", required=True, metavar="OUT", help="the job's folder; a rerun skips the items "
+                       "already complete there and redoes the rest")
+        t.add_argument("--address", help="a running Ray cluster (ray start --head ...); default: a local one for the job")
+        t.add_argument("--workers", type=int, default=1, metavar="N", help="workers, each with the bundle loaded once "
+                       "(default 1)")
+        t.add_argument("--threads-per-worker", type=cli_type("threads"), metavar="N", help="onnxruntime threads of "
+                       "each worker (default: this machine's cores divided among the workers)")
+        t.add_argument("--defaults", metavar="JSON", help="fields every item has unless it gives its own, as a JSON "
+                       "object (e.g. '{\"seed\": 7}'; a folder's recordings have no fields of their own)")
+        t.add_argument("--force", action="store_true", help="use a bundle that failed its gates or, quantized, has not "
+                       "been verified")
+        t.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("bench", help="time a TTS bundle (realtime, 1.5B, Large): real-time factor, first audio, "
                        "per-graph cost, weight bytes per latent against this machine's memory bandwidth, peak memory, "

@@ -216,32 +216,44 @@ def _feed_stdin(speech) -> None:
 
 
 def speak(bundle_dir: Path, text: str | None, options: SpeakOptions) -> dict:
+    """`vibevoice-onnx speak`: open the bundle, speak `text` as `options` say, report on standard error."""
     for path in (None if options.raw else options.output, options.save_latents):
         if path is not None:
             check_output_file(path)
     load_start = time.perf_counter()
     tts = open_tts(bundle_dir, threads=options.threads, force=options.force)
+    return speak_with(tts, text, options, log=lambda line: print(line, file=sys.stderr, flush=True),
+                      load_start=load_start)
+
+
+def speak_with(tts, text: str | None, options: SpeakOptions, log=None, load_start: float | None = None) -> dict:
+    """Speak `text` on an open model as `options` say, the audio written as it comes and committed only when
+    complete; `log(line)` hears what is being done (and the progress), None: nothing is printed."""
+    load_start = time.perf_counter() if load_start is None else load_start
     speech, described, preparing = _start(tts, text, options)
     load_seconds = time.perf_counter() - load_start
     randomness = [f"seed {speech.seed}"] if speech.seed is not None else []
     if options.noise is not None:
         randomness.append(f"noise {options.noise}")
-    print(", ".join([described, *randomness]), file=sys.stderr, flush=True)
-    if preparing:
-        print(preparing, file=sys.stderr, flush=True)
-    if speech.segments > 1:
-        print(f"the text is longer than the model's context: spoken in {speech.segments} segments cut at sentence "
-              "ends, each from the voice prompt, the audio streamed on without a seam", file=sys.stderr, flush=True)
+    if log is not None:
+        log(", ".join([described, *randomness]))
+        if preparing:
+            log(preparing)
+        if speech.segments > 1:
+            log(f"the text is longer than the model's context: spoken in {speech.segments} segments cut at sentence "
+                "ends, each from the voice prompt, the audio streamed on without a seam")
     speech.result.keep_audio = False  # written as it comes: a long text's audio is not held
     with ExitStack() as outputs:  # every file is committed together, and only if generation completes
         sink = _AudioSink(options, tts.sample_rate, outputs)
         for chunk in speech:
             sink.write(chunk.samples)
-            _progress(speech)
+            if log is not None:
+                _progress(speech)
         if options.save_latents is not None:
             with open(outputs.enter_context(atomic_file(options.save_latents, "saving the latents")), "wb") as f:
                 np.save(f, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
-    _progress(speech, final=True)
+    if log is not None:
+        _progress(speech, final=True)
     audio = speech.audio_seconds
     return {
         "voices": described,

@@ -1,0 +1,139 @@
+"""What a batch job's workers run: each opens its bundle once and then makes item after item, writing each
+item's output and manifest row (cluster.items) before it hands the row back. Plain classes: Ray Data runs them
+as an actor pool (cluster.jobs), and they run the same without Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import VibeVoiceError
+from .items import JobFolder, Row
+
+SYNTHESIS_FIELDS = {"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
+                    "wav_format", "turn_gap", "voice_latents", "response_format"}
+TRANSCRIPTION_FIELDS = {"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents"}
+
+
+class Worker:
+    """Rows in, rows out: `__call__` takes a batch of {"item": JSON} rows and returns their manifest rows."""
+
+    task = ""
+
+    def __init__(self, out: str):
+        self.folder = JobFolder(Path(out), self.task)
+        self.name = worker_name()
+
+    def __call__(self, batch: dict) -> dict:
+        rows = [self.run(json.loads(str(text))) for text in batch["item"]]
+        return {name: [getattr(row, name) for row in rows] for name in asdict(rows[0])}
+
+    def run(self, item: dict) -> Row:
+        """The item made and its row written; a bad item becomes a row with its error, never an exception."""
+        start = time.perf_counter()
+        try:
+            row = self.make(item, start)
+        except (VibeVoiceError, ValueError, TypeError, OSError) as e:
+            row = Row(item["id"], "error", None, None, None, round(time.perf_counter() - start, 3), str(e))
+        row.worker = self.name
+        self.folder.write_row(row)
+        return row
+
+    def make(self, item: dict, start: float) -> Row:
+        raise NotImplementedError
+
+
+def worker_name() -> str:
+    """NODE/PID: the Ray node's id (its first 12 digits) inside a Ray worker, else the host name."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return f"{ray.get_runtime_context().get_node_id()[:12]}/{os.getpid()}"
+    except ImportError:
+        pass
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _check_fields(item: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(item) - allowed)
+    if unknown:
+        raise VibeVoiceError(f"unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)} (known: "
+                             f"{', '.join(sorted(allowed))})")
+
+
+class SynthesisWorker(Worker):
+    """`speak` for each item: {"id", "text" | "script", "voice" | "speakers": {N: VOICE}, and speak's options}."""
+
+    task = "synthesize"
+
+    def __init__(self, bundle: str, out: str, threads: int | None = None, force: bool = False):
+        from ..runtime.speech import open_tts
+
+        super().__init__(out)
+        self.tts = open_tts(Path(bundle), threads=threads, force=force)
+
+    def make(self, item: dict, start: float) -> Row:
+        from ..runtime.speak import SpeakOptions, speak_with
+
+        _check_fields(item, SYNTHESIS_FIELDS)
+        text = item.get("text", item.get("script"))
+        if not isinstance(text, str) or not text.strip():
+            raise VibeVoiceError("the item has no text: give \"text\" (or \"script\") as a non-empty string")
+        if item.get("response_format", "wav") != "wav":
+            raise VibeVoiceError(f"response_format '{item['response_format']}': batch jobs write WAV files")
+        speakers = item.get("speakers")
+        if speakers is not None and not isinstance(speakers, dict):
+            raise VibeVoiceError("\"speakers\" maps each speaker number to a voice: {\"1\": \"alice\", \"2\": \"bob\"}")
+        voice = item.get("voice")
+        if self.tts.kind != "realtime" and speakers is None:
+            if voice is None:
+                raise VibeVoiceError(f"a {self.tts.kind} bundle needs a voice sample: give \"voice\" (one speaker) "
+                                     "or \"speakers\": {\"1\": VOICE, ...}")
+            speakers, voice = {None: voice}, None  # a long-form bundle's one speaker
+        output = self.folder.output(item["id"])
+        options = SpeakOptions(voice=voice, output=output, seed=item.get("seed"), cfg_scale=item.get("cfg_scale"),
+                               steps=item.get("steps"), max_frames=item.get("max_frames"),
+                               wav_format=item.get("wav_format", "pcm16"), turn_gap=item.get("turn_gap"),
+                               voice_latents=item.get("voice_latents"),
+                               speakers=None if speakers is None else [
+                                   str(voice) if number is None else f"{number}={voice}"
+                                   for number, voice in speakers.items()])
+        summary = speak_with(self.tts, text, options)
+        return Row(item["id"], "ok", str(output), summary["audio_seconds"], None, round(time.perf_counter() - start, 3))
+
+
+class TranscriptionWorker(Worker):
+    """`transcribe --format json` for each item: {"id", "audio": PATH, "hotwords", "seed", "max_new_tokens"}."""
+
+    task = "transcribe"
+
+    def __init__(self, bundle: str, out: str, threads: int | None = None, force: bool = False):
+        from ..runtime.asr import Transcriber
+
+        super().__init__(out)
+        self.transcriber = Transcriber(Path(bundle), threads=threads, force=force)
+
+    def make(self, item: dict, start: float) -> Row:
+        from ..outputs import atomic_file
+        from ..runtime.asr import MAX_NEW_TOKENS
+        from ..transcription import render
+
+        _check_fields(item, TRANSCRIPTION_FIELDS)
+        if not isinstance(item.get("audio"), str):
+            raise VibeVoiceError("the item has no \"audio\": give the recording's path")
+        result = self.transcriber.transcribe(Path(item["audio"]), hotwords=item.get("hotwords"), seed=item.get("seed"),
+                                             max_new_tokens=item.get("max_new_tokens") or MAX_NEW_TOKENS,
+                                             mean_latents=bool(item.get("mean_latents", False)))
+        output = self.folder.output(item["id"])
+        with atomic_file(output, "writing the transcript") as partial:
+            partial.write_text(render("json", result.segments, result.text, result.raw), encoding="utf-8")
+        return Row(item["id"], "ok", str(output), round(result.audio_seconds, 3), len(result.tokens),
+                   round(time.perf_counter() - start, 3))
+
+
+WORKERS = {"synthesize": SynthesisWorker, "transcribe": TranscriptionWorker}

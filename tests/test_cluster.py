@@ -1,0 +1,188 @@
+"""Batch jobs on a local Ray cluster (started once for this file, small object store): outputs equal to what
+`speak` and `transcribe` give for the same items and seeds, exactly once whatever dies or is rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from vibevoice_onnx.cluster.jobs import run_job  # noqa: E402
+from vibevoice_onnx.cluster.workers import SynthesisWorker, TranscriptionWorker  # noqa: E402
+from vibevoice_onnx.errors import VibeVoiceError  # noqa: E402
+
+TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Numbers: one, two, three.", "Short.",
+         "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import the tests
+    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def write_items(path: Path, items: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    return path
+
+
+def manifest(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def leftovers(out: Path) -> list[Path]:
+    """Temporary files a killed or failed write could have left."""
+    return [p for p in out.rglob("*") if ".partial-" in p.name]
+
+
+def synthesis_items(count: int) -> list[dict]:
+    return [{"id": f"item-{k:02d}", "text": TEXTS[k % len(TEXTS)], "seed": 100 + k, "max_frames": 3 + k % 3}
+            for k in range(count)]
+
+
+def test_a_synthesis_job_gives_speaks_audio_once_per_item_and_a_rerun_writes_nothing(cluster, tiny_bundle, tmp_path):
+    import soundfile as sf
+
+    from vibevoice_onnx.audio import to_pcm16
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+
+    items = synthesis_items(40)
+    bad = [{"id": "empty", "text": "  "}, {"id": "no-voice", "text": "Hi.", "voice": "nobody"},
+           {"id": "typo", "txt": "Hi."}]
+    path = write_items(tmp_path / "items.jsonl", items + bad)
+    out = tmp_path / "out"
+    summary = run_job("synthesize", tiny_bundle, path, out, workers=2, log=lambda line: None)
+    assert summary["made"] == 43 and summary["failed"] == 3
+    rows = manifest(out)
+    assert [row["id"] for row in rows] == [item["id"] for item in items + bad]  # one row each, in the items' order
+    errors = {row["id"]: row["error"] for row in rows if row["status"] == "error"}
+    assert set(errors) == {"empty", "no-voice", "typo"}
+    assert "no text" in errors["empty"] and "nobody" in errors["no-voice"] and "unknown field txt" in errors["typo"]
+    tts = RealtimeTTS(tiny_bundle)
+    for item, row in zip(items, rows):
+        audio, _ = tts.create(item["text"], "synthetic", seed=item["seed"], max_frames=item["max_frames"])
+        written, rate = sf.read(row["output"], dtype="int16")
+        assert rate == 24000 and np.array_equal(written, to_pcm16(audio))  # speak's samples, exactly
+        assert row["audio_seconds"] == pytest.approx(len(audio) / 24000, abs=1e-3)
+    assert leftovers(out) == []
+    times = {p: p.stat().st_mtime_ns for p in (out / "audio").iterdir()}
+    again = run_job("synthesize", tiny_bundle, path, out, workers=2, log=lambda line: None)
+    assert again["skipped"] == 40 and again["made"] == 3  # only the failed items are tried again
+    assert {p: p.stat().st_mtime_ns for p in (out / "audio").iterdir()} == times  # nothing complete rewritten
+    assert [row["id"] for row in manifest(out)] == [row["id"] for row in rows]  # still one row per item
+
+
+def speech_files(folder: Path, count: int) -> list[Path]:
+    import soundfile as sf
+
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    paths = []
+    for k in range(count):
+        t = np.arange(int(24000 * (1.0 + 0.3 * k))) / 24000
+        signal = 0.3 * np.sin(2 * np.pi * (150 + 20 * k) * t) + 0.01 * rng.standard_normal(len(t))
+        paths.append(folder / f"take{k:02d}.flac")
+        sf.write(paths[-1], signal.astype(np.float32), 24000)
+    return paths
+
+
+def test_a_transcription_job_gives_transcribes_json_per_file(cluster, tiny_asr_bundle, tmp_path):
+    from vibevoice_onnx.runtime.asr import Transcriber
+    from vibevoice_onnx.transcription import render
+
+    paths = speech_files(tmp_path / "audio", 12)
+    (tmp_path / "audio" / "broken.wav").write_text("not audio")
+    items = [{"audio": str(p), "seed": k, "max_new_tokens": 6, **({"hotwords": "Zorblax"} if k == 3 else {})}
+             for k, p in enumerate(paths)] + [{"audio": "audio/broken.wav"}]  # relative to the items file
+    out = tmp_path / "out"
+    summary = run_job("transcribe", tiny_asr_bundle, write_items(tmp_path / "items.jsonl", items), out, workers=2,
+                      force=True, log=lambda line: None)
+    assert summary["made"] == 13 and summary["failed"] == 1
+    rows = {row["id"]: row for row in manifest(out)}
+    assert rows["broken"]["status"] == "error" and rows["broken"]["error"]
+    transcriber = Transcriber(tiny_asr_bundle, force=True)
+    for k, path in enumerate(paths):
+        result = transcriber.transcribe(path, seed=k, max_new_tokens=6, hotwords="Zorblax" if k == 3 else None)
+        row = rows[path.stem]
+        assert Path(row["output"]).read_text() == render("json", result.segments, result.text, result.raw)
+        assert row["tokens"] == len(result.tokens) == 6
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for path in paths[:2] + [tmp_path / "audio" / "broken.wav"]:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "notes.txt").write_text("not a recording: not an item")
+    folder_job = run_job("transcribe", tiny_asr_bundle, folder, tmp_path / "from-folder", workers=1, force=True,
+                         log=lambda line: None, defaults={"seed": 0, "max_new_tokens": 6})  # ids: the file names
+    assert [row.id for row in folder_job["rows"]] == ["broken", "take00", "take01"] and folder_job["failed"] == 1
+    assert Path(folder_job["rows"][1].output).read_text() == Path(rows["take00"]["output"]).read_text()  # seed 0
+
+
+class DiesOnce(SynthesisWorker):
+    """A worker whose process exits (as a SIGKILL or a lost node would end it) at item-07, the first time only."""
+
+    def make(self, item, start):
+        marker = self.folder.out / "died-once"
+        if item["id"] == "item-07" and not marker.exists():
+            marker.touch()
+            os._exit(1)
+        return super().make(item, start)
+
+
+def test_a_worker_that_dies_mid_job_is_replaced_and_its_item_redone_once(cluster, tiny_bundle, tmp_path):
+    items = synthesis_items(12)
+    out = tmp_path / "out"
+    summary = run_job("synthesize", tiny_bundle, write_items(tmp_path / "items.jsonl", items), out, workers=2,
+                      log=lambda line: None, worker_class=DiesOnce)
+    assert (out / "died-once").exists()  # it did die
+    rows = manifest(out)
+    assert summary["failed"] == 0 and [row["id"] for row in rows] == [item["id"] for item in items]
+    assert all(row["status"] == "ok" and Path(row["output"]).is_file() for row in rows)
+    assert sorted(p.name for p in (out / "audio").iterdir()) == [f"{item['id']}.wav" for item in items]
+    assert leftovers(out) == []
+    assert len({row["worker"] for row in rows}) == 3  # two workers, and the one Ray started in place of the dead
+
+
+def test_what_would_make_the_whole_job_wrong_stops_it_before_any_worker(tiny_bundle, tiny_asr_bundle, tmp_path):
+    items = write_items(tmp_path / "items.jsonl", synthesis_items(2))
+    with pytest.raises(VibeVoiceError, match="cannot read the items file"):
+        run_job("synthesize", tiny_bundle, tmp_path / "missing.jsonl", tmp_path / "out", log=lambda line: None)
+    with pytest.raises(VibeVoiceError, match="needs an ASR bundle"):
+        run_job("transcribe", tiny_bundle, items, tmp_path / "out", log=lambda line: None)
+    with pytest.raises(VibeVoiceError, match="no manifest|not a bundle|does not exist|manifest.json"):
+        run_job("synthesize", tmp_path / "nowhere", items, tmp_path / "out", log=lambda line: None)
+    twice = write_items(tmp_path / "twice.jsonl", [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
+    with pytest.raises(VibeVoiceError, match="given twice"):
+        run_job("synthesize", tiny_bundle, twice, tmp_path / "out", log=lambda line: None)
+    escaping = write_items(tmp_path / "escaping.jsonl", [{"id": "../up", "text": "x"}])
+    with pytest.raises(VibeVoiceError, match="no usable id"):
+        run_job("synthesize", tiny_bundle, escaping, tmp_path / "out", log=lambda line: None)
+    assert not (tmp_path / "out").exists()  # stopped before anything was made
+
+
+def test_workers_run_without_ray_too(tiny_asr_bundle, tmp_path):
+    worker = TranscriptionWorker(str(tiny_asr_bundle), str(tmp_path), force=True)
+    worker.folder.prepare()
+    rows = worker({"item": [json.dumps({"id": "x", "audio": str(tmp_path / "none.wav")})]})
+    assert rows["status"] == ["error"] and "none.wav" in rows["error"][0]
+
+
+def test_the_command_line_job_takes_defaults_and_exits_2_when_items_failed(cluster, tiny_bundle, tmp_path, capsys):
+    from vibevoice_onnx.cli import main
+
+    items = write_items(tmp_path / "items.jsonl", [{"id": "ok", "text": "Hello."}, {"id": "bad", "text": ""}])
+    out = tmp_path / "out"
+    assert main(["batch", "synthesize", str(tiny_bundle), str(items), "-o", str(out), "--workers", "1",
+                 "--defaults", '{"seed": 5, "max_frames": 3}']) == 2
+    assert "1 of 2 items failed" in capsys.readouterr().err
+    first = manifest(out)[0]
+    assert first["status"] == "ok" and first["audio_seconds"] == pytest.approx(3 * 3200 / 24000, abs=1e-3)
+    assert main(["batch", "synthesize", str(tiny_bundle), str(items), "-o", str(out), "--defaults", "[1]"]) == 2
+    assert "--defaults takes a JSON object" in capsys.readouterr().err
