@@ -24,7 +24,7 @@ TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Numbers: one, t
 @pytest.fixture(scope="module")
 def cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import the tests
-    ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

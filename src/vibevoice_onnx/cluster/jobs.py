@@ -81,9 +81,10 @@ def _run_pipeline(pending: list[dict], worker_class, worker_options: dict, addre
     if started_here:
         if address:
             ray.init(address=address, log_to_driver=False)
-        else:  # logical CPUs beyond the cores, so the read tasks are not starved by the workers (which sleep in ONNX)
-            ray.init(num_cpus=max(2 * (os.cpu_count() or 1), workers + 2), object_store_memory=LOCAL_OBJECT_STORE,
-                     include_dashboard=False, log_to_driver=False)
+        else:  # a cluster of its own ("local": never one that `ray start` left running here), with logical CPUs
+            # beyond the cores, so the read tasks are not starved by the workers (which mostly wait in ONNX)
+            ray.init(address="local", num_cpus=max(2 * (os.cpu_count() or 1), workers + 2),
+                     object_store_memory=LOCAL_OBJECT_STORE, include_dashboard=False, log_to_driver=False)
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # our own lines below say items, failures and audio per second
