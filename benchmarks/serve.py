@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_serve_live import KEY, Server  # noqa: E402  the same server harness as the tests
+from helpers import KEY, Server  # noqa: E402  the same server harness as the tests
 
 from phases import CLI  # noqa: E402
 

@@ -186,3 +186,134 @@ def test_the_command_line_job_takes_defaults_and_exits_2_when_items_failed(clust
     assert first["status"] == "ok" and first["audio_seconds"] == pytest.approx(3 * 3200 / 24000, abs=1e-3)
     assert main(["batch", "synthesize", str(tiny_bundle), str(items), "-o", str(out), "--defaults", "[1]"]) == 2
     assert "--defaults takes a JSON object" in capsys.readouterr().err
+
+
+# ---- the server as Ray Serve replicas ----
+
+def replica_pids() -> set[int]:
+    """The processes of our Serve application's replicas on this machine, by the titles Ray gives them."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::ServeReplica:vibevoice:"):
+                pids.add(int(proc.name))
+        except OSError:  # it ended while we looked
+            pass
+    return pids
+
+
+def realtime_pcm(bundle: Path, seed: int, frames: int, text: str) -> np.ndarray:
+    from vibevoice_onnx.audio import to_pcm16
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+
+    return to_pcm16(RealtimeTTS(bundle).create(text, "synthetic", seed=seed, max_frames=frames)[0])
+
+
+def test_serve_on_ray_from_the_command_line_answers_and_stops_on_sigterm(tiny_bundle, tmp_path):
+    pytest.importorskip("fastapi")
+    from helpers import Server
+
+    log = tmp_path / "serve.log"
+    server = Server([tiny_bundle], log, "--ray", "--replicas", "1", start_seconds=120)
+    try:
+        assert len(replica_pids()) == 1
+        pcm = server.client().audio.speech.create(model="tts-1", voice="synthetic", input=TEXTS[1],
+                                                   response_format="pcm", extra_body={"seed": 9, "max_frames": 6})
+        assert np.array_equal(np.frombuffer(pcm.content, "<i2"), realtime_pcm(tiny_bundle, 9, 6, TEXTS[1]))
+    finally:
+        assert server.stop(timeout=60) == 0, log.read_text()
+    assert "1 replica, 1 onnxruntime thread(s) each" in log.read_text()
+    assert replica_pids() == set()  # the deployment and the cluster started for it are gone
+
+
+def test_serve_on_ray_refuses_what_it_cannot_do_before_starting_anything(tiny_bundle, capsys, monkeypatch):
+    pytest.importorskip("fastapi")
+    from vibevoice_onnx.cli import EXIT_ERROR, main
+    from vibevoice_onnx.cluster import serving
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a Ray cluster was joined or started")
+
+    monkeypatch.setattr(serving, "connect", no_cluster)
+
+    for args, message in ((["--replicas", "2"], "go with --ray"), (["--ray", "--autoscale", "3:1"], "1 <= MIN <= MAX"),
+                          (["--ray", "--autoscale", "one:two"], "give it as MIN:MAX"),
+                          (["--ray", "--replicas", "2", "--autoscale", "1:2"], "not both"),
+                          (["--ray", "--voice-alias", "alloy=nobody"], "no served bundle has a voice 'nobody'")):
+        assert main(["serve", str(tiny_bundle), *args]) == EXIT_ERROR
+        assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def ray_server(cluster, tiny_bundle, tiny_asr_bundle):
+    """Two replicas of the server on the module's cluster, each with a realtime and an ASR bundle."""
+    pytest.importorskip("fastapi")
+    from helpers import KEY, free_port
+    from ray import serve
+
+    from vibevoice_onnx.cluster.serving import Replicas, application, deploy
+    from vibevoice_onnx.serve import Settings
+
+    port = free_port()
+    deploy(application([tiny_bundle, tiny_asr_bundle], Settings(api_key=KEY), Replicas(2, 2), threads=1, force=True),
+           "127.0.0.1", port)
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+def ray_client(url: str, **options):
+    import openai
+    from helpers import KEY
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60, **options)
+
+
+def test_ray_serve_replicas_stream_speech_and_transcribe_as_the_server_does(ray_server, tiny_bundle, tiny_asr_bundle,
+                                                                             tmp_path):
+    import time
+
+    from vibevoice_onnx.runtime.asr import Transcriber
+
+    client = ray_client(ray_server)
+    assert {m.id for m in client.models.list().data} == {"vibevoice-realtime-cpu-fp32", "vibevoice-asr-cpu-fp32"}
+    start, first, chunks = time.perf_counter(), None, []
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXTS[4],
+                                                            response_format="pcm",
+                                                            extra_body={"seed": 3, "max_frames": 300}) as response:
+        for chunk in response.iter_bytes():
+            first = first or time.perf_counter() - start
+            chunks.append(chunk)
+    total = time.perf_counter() - start
+    assert np.array_equal(np.frombuffer(b"".join(chunks), "<i2"), realtime_pcm(tiny_bundle, 3, 300, TEXTS[4]))
+    assert first < total / 4, (first, total)  # streamed through Ray's proxy, not gathered first
+    audio = speech_files(tmp_path / "audio", 1)[0]
+    with open(audio, "rb") as f:
+        text = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="text",
+                                                  extra_body={"seed": 4, "max_new_tokens": 6})
+    expected = Transcriber(tiny_asr_bundle, force=True).transcribe(audio, seed=4, max_new_tokens=6).text
+    assert text.strip() == expected.strip()
+
+
+def test_ray_serve_survives_a_replica_killed(ray_server, tiny_bundle):
+    import signal
+    import time
+
+    from ray import serve
+
+    client = ray_client(ray_server)
+    before = replica_pids()
+    assert len(before) == 2
+    os.kill(min(before), signal.SIGKILL)
+    expected = realtime_pcm(tiny_bundle, 11, 5, TEXTS[0])
+    for _ in range(4):  # answered while one replica is gone and another is started
+        pcm = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXTS[0], response_format="pcm",
+                                         extra_body={"seed": 11, "max_frames": 5})
+        assert np.array_equal(np.frombuffer(pcm.content, "<i2"), expected)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        running = serve.status().applications["vibevoice"].deployments["vibevoice"].replica_states.get("RUNNING", 0)
+        if running == 2 and len(replica_pids() - before) == 1:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the killed replica was not replaced: {serve.status()}")

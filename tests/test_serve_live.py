@@ -7,9 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,59 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import KEY, Server
 
 pytest.importorskip("fastapi")
 pytest.importorskip("av")
 openai = pytest.importorskip("openai")
 
 TEXT = "A real server, a real client, and the same audio as speak gives."
-KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`vibevoice-onnx serve` in its own process; stopped with SIGTERM, as a service manager does."""
-
-    def __init__(self, bundles: list[Path], log: Path, *options: str, threads: str | None = "1",
-                 start_seconds: float = 90):
-        self.port, self.log = free_port(), log
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "vibevoice_onnx.cli", "serve", *map(str, bundles), "--port", str(self.port),
-             "--api-key", KEY, *(["--threads", threads] if threads else []), *options],
-            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
-        deadline = time.monotonic() + start_seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the server exited: {log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if json.load(r)["status"] == "ok":
-                        return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"the server did not start in {start_seconds:g} s: {log.read_text()}")
-
-    def client(self, **options):
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, max_retries=0, timeout=60, **options)
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
-            raise AssertionError("the server did not stop within 30 s of SIGTERM") from None
-
-
 
 
 @pytest.fixture(scope="module")

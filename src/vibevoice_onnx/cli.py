@@ -248,13 +248,30 @@ def cmd_serve(args) -> int:
     settings = Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue,
                         max_input_chars=args.max_input_chars, max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         body_timeout=args.body_timeout)
-    print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
+    bundles, aliases = [Path(b) for b in args.bundle], parse_aliases(args.voice_alias or [])
     try:
-        run([Path(b) for b in args.bundle], settings, host=args.host, port=args.port, threads=args.threads,
-            force=args.force, aliases=parse_aliases(args.voice_alias or []))
+        if args.ray:
+            _serve_on_ray(args, bundles, settings, aliases)
+        else:
+            if args.address or args.replicas is not None or args.autoscale is not None:
+                raise VibeVoiceError("--address, --replicas and --autoscale go with --ray")
+            print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
+            run(bundles, settings, host=args.host, port=args.port, threads=args.threads, force=args.force,
+                aliases=aliases)
     except Terminated:  # uvicorn re-raises the SIGTERM it handled once it has shut down: a clean stop
         print("stopped", file=sys.stderr)
     return 0
+
+
+def _serve_on_ray(args, bundles: list[Path], settings, aliases: dict[str, str]) -> None:
+    try:
+        from .cluster.serving import Replicas, run
+    except ImportError as e:
+        raise VibeVoiceError(f"serve --ray needs the cluster extra (pip install 'vibevoice-onnx[cluster]'): {e}") from None
+    replicas = Replicas.parse(args.replicas, args.autoscale)
+    run(bundles, settings, replicas, host=args.host, port=args.port, address=args.address, threads=args.threads,
+        force=args.force, aliases=aliases, log=lambda line: print(line + " (Ctrl-C or SIGTERM stops)",
+                                                                  file=sys.stderr, flush=True))
 
 
 def cmd_demo(args) -> int:
@@ -460,6 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "echo, ...) to a bundle voice (repeatable)")
     p.add_argument("--force", action="store_true", help="serve bundles that failed their gates or, quantized, "
                    "have not been verified")
+    p.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment (the cluster extra): replicas "
+                   "that each hold the bundles, behind one address; --threads is then per replica (default: the cores "
+                   "divided among the replicas)")
+    p.add_argument("--address", help="with --ray: a running Ray cluster (ray start --head ...); default: a local one")
+    p.add_argument("--replicas", type=int, metavar="N", help="with --ray: replicas (default 1)")
+    p.add_argument("--autoscale", metavar="MIN:MAX", help="with --ray: between MIN and MAX replicas, one more while "
+                   "each has more than --max-active requests going")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
@@ -517,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _redelivering_termination(previous_hook)
     try:
-        if argv is None and args.command in SHARED_POOL_COMMANDS:
+        if argv is None and args.command in SHARED_POOL_COMMANDS and not getattr(args, "ray", False):
             from .runtime.bundle import share_threads
 
             share_threads(args.threads)

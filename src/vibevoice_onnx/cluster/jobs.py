@@ -19,10 +19,10 @@ from typing import Callable
 from ..errors import VibeVoiceError
 from ..outputs import remove_stale_partials
 from .items import JobFolder, read_items
+from .ray_cluster import connect
 from .workers import WORKERS
 
 PROGRESS_EVERY = 10  # items between progress lines
-LOCAL_OBJECT_STORE = 256 * 2**20  # rows are small: the object store holds JSON, not audio
 
 
 def check_bundle(task: str, bundle: Path, force: bool) -> None:
@@ -77,14 +77,8 @@ def _run_pipeline(pending: list[dict], worker_class, worker_options: dict, addre
     import ray
     import ray.data
 
-    started_here = not ray.is_initialized()
-    if started_here:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:  # a cluster of its own ("local": never one that `ray start` left running here), with logical CPUs
-            # beyond the cores, so the read tasks are not starved by the workers (which mostly wait in ONNX)
-            ray.init(address="local", num_cpus=max(2 * (os.cpu_count() or 1), workers + 2),
-                     object_store_memory=LOCAL_OBJECT_STORE, include_dashboard=False, log_to_driver=False)
+    # logical CPUs beyond the cores, so the read tasks are not starved by the workers (which mostly wait in ONNX)
+    started_here = connect(address, cpus=max(2 * (os.cpu_count() or 1), workers + 2))
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # our own lines below say items, failures and audio per second

@@ -80,27 +80,37 @@ class Models:
             raise VibeVoiceError("give at least one bundle to serve")
         self.by_id = {m.id: m for m in models}
 
+    @staticmethod
+    def check(paths: list[Path], threads: int | None = None, force: bool = False,
+              aliases: dict[str, str] | None = None) -> list[Bundle]:
+        """Every bundle found, of a servable kind and usable (unless `force`), and every alias's voice in one of
+        them; no session is loaded, so a launcher (serve --ray) can refuse at once what every replica would."""
+        bundles = [Bundle(Path(path), threads=threads) for path in paths]
+        for bundle in bundles:
+            if bundle.kind not in TTS_KINDS + ASR_KINDS:
+                raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
+            if not force:
+                bundle.require_usable()
+        for name, voice in (aliases or {}).items():
+            if not any(voice in bundle.voices() for bundle in bundles if bundle.kind in TTS_KINDS):
+                raise VibeVoiceError(f"--voice-alias {name}={voice}: no served bundle has a voice '{voice}'")
+        return bundles
+
     @classmethod
     def open(cls, paths: list[Path], threads: int | None = None, force: bool = False,
              aliases: dict[str, str] | None = None, max_batch: int = 1) -> "Models":
         """`max_batch` > 1: each bundle batches that many concurrent generations (transcriptions: their greedy
         decoding) step by step."""
         models, ids = [], set()
-        for path in paths:
-            bundle = Bundle(Path(path), threads=threads)
+        for bundle in cls.check(paths, threads, force, aliases):
             if bundle.kind in TTS_KINDS:
                 runner = open_tts(bundle.path, threads=threads, force=force)
-            elif bundle.kind in ASR_KINDS:
-                runner = Transcriber(bundle, force=force)
             else:
-                raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
+                runner = Transcriber(bundle, force=force)
             model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)
             ids.add(model_id)
             batch = runner.batch(max_batch) if max_batch > 1 else None
             models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {}), batch))
-        for name, voice in (aliases or {}).items():
-            if not any(voice in m.voices() for m in models):
-                raise VibeVoiceError(f"--voice-alias {name}={voice}: no served bundle has a voice '{voice}'")
         return cls(models)
 
     def get(self, name: str, task: str) -> ServedModel:
