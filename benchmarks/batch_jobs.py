@@ -6,6 +6,10 @@
 Synthesis items are sentences of the bench texts (seed per item, `--max-frames` each); transcription items are
 cuts of `--audio` of 2-6 s. Each run is a fresh job folder and a fresh local Ray cluster (the CLI's own). The
 kill run SIGKILLs one worker process once `--kill-after` items are done and counts the items made twice.
+
+`--nodes N` runs instead one job on a cluster of N Ray nodes made on this machine as on N machines (`ray start
+--head`, then `ray start --address` N-1 times, separate processes of one CPU each) with N workers, and counts
+the items each node made (the manifest's worker column is NODE/PID). It ends with `ray stop`.
 """
 
 from __future__ import annotations
@@ -78,6 +82,36 @@ def run(task: str, bundle: str, items: Path, out: Path, workers: int, kill_after
             "killed": killed, "last_progress": made[-1] if made else None}
 
 
+def run_on_nodes(task: str, bundle: str, items: Path, out: Path, nodes: int, extra: list[str]) -> dict:
+    """One job on a cluster of `nodes` Ray nodes started here, each declaring one CPU (so Ray places one worker
+    on each), as `ray start` makes them on separate machines."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    ray = [str(Path(sys.executable).with_name("ray"))]
+    # Ray 2.5x's head turns token authentication on; the other nodes and the job then need it on to join
+    os.environ["RAY_AUTH_MODE"] = "token"
+    common = ["--num-cpus", "1", "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"]
+    try:
+        subprocess.run([*ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                        "--include-dashboard", "false", *common], check=True, capture_output=True)
+        for _ in range(nodes - 1):
+            subprocess.run([*ray, "start", "--address", address, "--node-ip-address", "127.0.0.1", *common],
+                           check=True, capture_output=True)
+        result = run(task, bundle, items, out, nodes, None, ["--address", address, "--threads-per-worker", "1", *extra])
+    finally:
+        subprocess.run([*ray, "stop", "--force"], capture_output=True)
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    per_node: dict[str, int] = {}
+    for row in manifest:
+        node = (row.get("worker") or "?").split("/")[0]
+        per_node[node] = per_node.get(node, 0) + 1
+    return {**result, "nodes": nodes, "items_per_node": per_node}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=["synthesize", "transcribe"])
@@ -88,6 +122,7 @@ def main() -> None:
     parser.add_argument("--audio", type=Path, help="transcription: the recording the items are cut from")
     parser.add_argument("--kill-after", type=int, default=20, help="the kill run: SIGKILL a worker after this many items")
     parser.add_argument("--work", type=Path, default=Path("batch-jobs"))
+    parser.add_argument("--nodes", type=int, help="instead: one job on a cluster of this many Ray nodes on this machine")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -96,6 +131,10 @@ def main() -> None:
     path = args.work / "items.jsonl"
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     extra = ["--force"] if args.force else []
+    if args.nodes:
+        result = run_on_nodes(args.task, args.bundle, path, args.work / f"out-{args.nodes}-nodes", args.nodes, extra)
+        print(json.dumps({"task": args.task, "bundle": args.bundle, "items": args.items, "runs": [result]}, indent=2))
+        return
     results = [run(args.task, args.bundle, path, args.work / f"out-{label}", workers, kill, extra)
                for label, workers, kill in (("1", 1, None), ("2", 2, None), ("2-kill", 2, args.kill_after))]
     print(json.dumps({"task": args.task, "bundle": args.bundle, "items": args.items, "runs": results}, indent=2))
