@@ -56,8 +56,15 @@ def cmd_make_checkpoint(args) -> int:
 def cmd_build(args) -> int:
     from .export.build import build_bundle
 
+    profile = None
+    if args.profile == "fixed":
+        from .export.fixed import FixedProfile
+
+        profile = FixedProfile.from_options(args.cache, args.decoder_frames, args.ort_format)
+    elif args.cache is not None or args.decoder_frames is not None or args.ort_format:
+        raise VibeVoiceError("--cache, --decoder-frames and --ort-format go with --profile fixed")
     bundle = build_bundle(Path(args.checkpoint), Path(args.out_root), args.precision, args.device,
-                          Path(args.tokenizer) if args.tokenizer else None)
+                          Path(args.tokenizer) if args.tokenizer else None, profile)
     print(bundle)
     return 0
 
@@ -232,7 +239,8 @@ def cmd_bench(args) -> int:
     report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
                    reference=Path(args.reference) if args.reference else None, threads=args.threads,
                    decode_group=args.decode_group, streams=args.streams,
-                   audio=[Path(path) for path in args.audio or ()])
+                   audio=[Path(path) for path in args.audio or ()],
+                   against=Path(args.against) if args.against else None)
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -328,6 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoint beside it when there is one); fp16 (GPU only)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the execution provider the bundle is for")
     p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
+    p.add_argument("--profile", choices=["dynamic", "fixed"], default="dynamic", help="fixed (realtime): every graph "
+                   "with static shapes and standard ops, for mobile and NPU engines, written to "
+                   "ROOT/realtime/DEVICE_PRECISION_fixed (fp32, int8)")
+    p.add_argument("--cache", type=int, metavar="N", help="with --profile fixed: the KV caches' capacity, which is "
+                   "the model's context in that bundle (default 1024)")
+    p.add_argument("--decoder-frames", type=int, metavar="T", help="with --profile fixed: latent frames per decoder "
+                   "call (default 3)")
+    p.add_argument("--ort-format", action="store_true", help="with --profile fixed: also write each graph in the ORT "
+                   "format that onnxruntime-mobile loads (GRAPH.ort beside GRAPH.onnx)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference")
@@ -450,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "late frames (ASR: tokens per second, first token)")
     p.add_argument("--audio", nargs="+", metavar="FILE", help="ASR bundles: the recordings to transcribe (--frames: "
                    "greedy tokens each)")
+    p.add_argument("--against", metavar="BUNDLE_DIR", help="also time this bundle of the same kind the same way, in "
+                   "a child process (its own memory): a fixed-profile bundle against its dynamic sibling, say")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
                    "what each latent cost along the run (needs matplotlib)")

@@ -131,19 +131,21 @@ def check_variant(device: str, precision: str) -> None:
         raise VibeVoiceError(f"{device}_{precision} bundles are not built: {why}build it with --device {other}")
 
 
-def reusable_fp32(kind_root: Path, source_hash: str) -> Path | None:
-    """A complete fp32 bundle of the same checkpoint beside the target, built by the same tools: its graphs
-    are what a fresh export would give, so quantized variants start from them instead of exporting again."""
+def reusable_fp32(kind_root: Path, source_hash: str, profile=None) -> Path | None:
+    """A complete fp32 bundle of the same checkpoint and profile beside the target, built by the same tools: its
+    graphs are what a fresh export would give, so quantized variants start from them instead of exporting again."""
     from ..runtime.bundle import Bundle
 
-    for candidate in sorted(Path(kind_root).glob("*_fp32")):
+    for candidate in sorted(Path(kind_root).glob(f"*_fp32{profile.suffix if profile else ''}")):
         try:
             manifest = Bundle(candidate).manifest
         except VibeVoiceError:
             continue
         same_tools = {k: manifest["tools"].get(k) for k in ("torch", "transformers", "onnx", "onnxscript")} == {
             k: tool_versions()[k] for k in ("torch", "transformers", "onnx", "onnxscript")}
-        if manifest["source"]["hash"] == source_hash and manifest["precision"] == "fp32" and same_tools:
+        same_profile = manifest.get("profile", {}).get("name") is None if profile is None else \
+            {k: manifest.get("profile", {}).get(k) for k in profile.manifest()} == profile.manifest()
+        if manifest["source"]["hash"] == source_hash and manifest["precision"] == "fp32" and same_tools and same_profile:
             return candidate
     return None
 
@@ -172,7 +174,8 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
             graphs[spec.name] = _copy_graph(sibling, kept[spec.name], tmp)
             log(f"  kept {spec.name} of {sibling}")
         else:
-            graphs[spec.name] = graph_entry(export_graph(spec, tmp, log), spec.extra)
+            path = export_graph(spec, tmp, log, fuse=getattr(exporter, "fuse_ops", True))
+            graphs[spec.name] = graph_entry(path, spec.extra)
     if sibling:
         shutil.copyfile(sibling / HOST_TENSORS, tmp / HOST_TENSORS)
     else:
@@ -191,12 +194,12 @@ def _copied_graphs(source: Path, tmp: Path) -> dict:
     return manifest["graphs"]
 
 
-def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> None:
-    """Quantize (int8, int4) or halve (fp16) the graphs in place, as the kind's policy says; each graph's
-    manifest entry records what it became."""
+def _convert_precision(policy_kind: str, precision: str, graphs: dict, tmp: Path) -> None:
+    """Quantize (int8, int4) or halve (fp16) the graphs in place, as the kind's (and profile's) policy says; each
+    graph's manifest entry records what it became."""
     from .precision import convert_fp16, policy, quantize_graph
 
-    schemes = policy(kind, precision)
+    schemes = policy(policy_kind, precision)
     for name, graph in graphs.items():
         path = tmp / graph["file"]
         external = graph.get("external_data") is not None
@@ -216,24 +219,28 @@ def _convert_precision(kind: str, precision: str, graphs: dict, tmp: Path) -> No
 
 
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
-                 tokenizer: Path | None = None) -> Path:
+                 tokenizer: Path | None = None, profile=None) -> Path:
+    """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile."""
     check_variant(device, precision)
     checkpoint = Path(checkpoint)
     files = open_checkpoint(checkpoint)
     dims = model_dims(files.config, str(checkpoint / "config.json"))
-    exporter = _exporter(dims.kind)
+    if profile is not None:
+        profile.check_kind(dims.kind)
+    exporter = _exporter(dims.kind) if profile is None else profile.exporter()
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
     from .precision import policy
 
-    schemes = policy(dims.kind, precision)  # refuses a kind without one before any work
+    policy_kind = dims.kind if profile is None else f"{dims.kind}-{profile.name}"
+    schemes = policy(policy_kind, precision)  # refuses a kind without one before any work
 
-    final = Path(out_root) / dims.kind / f"{device}_{precision}"
+    final = Path(out_root) / dims.kind / f"{device}_{precision}{profile.suffix if profile else ''}"
     started = time.perf_counter()
     log("  hashing the source checkpoint")
     source_hash = checkpoint_hash(checkpoint, files)
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32.
-    source = reusable_fp32(final.parent, source_hash) if precision != "fp32" else None
+    source = reusable_fp32(final.parent, source_hash, profile) if precision != "fp32" else None
     fresh = source is None or hasattr(exporter, "streamed_weights")
     if fresh:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -243,7 +250,8 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     with atomic_directory(final, log, keep=carry_over_voices) as tmp:
         graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source) if fresh else _copied_graphs(source, tmp)
         if precision != "fp32":
-            _convert_precision(dims.kind, precision, graphs, tmp)
+            _convert_precision(policy_kind, precision, graphs, tmp)
+        profile_record = profile.finish(tmp, graphs, log) if profile is not None else None
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         (tmp / "voices").mkdir(exist_ok=True)
         manifest = {
@@ -260,6 +268,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "tools": tool_versions(),
             "build_seconds": round(time.perf_counter() - started, 1),
             "parity": None,  # filled by `vibevoice-onnx verify`
+            **({"profile": profile_record} if profile_record else {}),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"built {final} in {time.perf_counter() - started:.1f} s")

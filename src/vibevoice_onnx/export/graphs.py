@@ -400,11 +400,13 @@ def fuse_gelus(model) -> int:
     return count
 
 
-def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = print) -> Path:
+def export_graph(spec: GraphSpec, out_dir: Path, log: Callable[[str], None] = print, fuse: bool = True) -> Path:
+    """`fuse`: onnxruntime's fused kernels where they pay (fuse_gelus); off for graphs of standard ops only."""
     path = Path(out_dir) / f"{spec.name}.onnx"
     external = _param_bytes(spec.module) > EXTERNAL_DATA_BYTES
     program = trace(spec)
-    fuse_gelus(program.model)
+    if fuse:
+        fuse_gelus(program.model)
     program.save(str(path), external_data=external)
     log(f"  exported {spec.name} ({_param_bytes(spec.module) / 1e6:.1f} MB of weights)")
     return path

@@ -176,6 +176,9 @@ POLICIES = {
             "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}},
 }
 POLICIES["asr-hf"] = POLICIES["asr"]
+# The fixed-shape realtime profile: its graphs, the same schemes as the default profile's for the same weights.
+POLICIES["realtime-fixed"] = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
+                                       "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}
 # VibeVoice-Large: the 1.5B's components at 7B widths, the same feedback path; its LM is quantized as it streams.
 POLICIES["large"] = POLICIES["1.5b"]
 

@@ -32,11 +32,11 @@ MEMORY_FROM = 500  # the latent from which a long run's memory must stay flat
 
 
 def bench_kind(kind: str):
-    """(the onnxruntime backend class, the bench generation, the batch class) of a TTS kind."""
+    """(the onnxruntime backend of a bundle, the bench generation, the batch class) of a TTS kind."""
     from . import realtime, tts15b
 
     long_form = (tts15b.OnnxTts15bBackend, tts15b.bench_frames, tts15b.LongFormBatch)
-    kinds = {"realtime": (realtime.OnnxRealtimeBackend, realtime.bench_frames, realtime.RealtimeBatch),
+    kinds = {"realtime": (realtime.backend_for, realtime.bench_frames, realtime.RealtimeBatch),
              "1.5b": long_form, "large": long_form}
     if kind not in kinds:
         raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}) and ASR bundles; this one is "
@@ -134,6 +134,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         "growth": growth(run), "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
         "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"]),
+        "graph_weight_bytes": {name: bundle.weight_bytes(name) for name in bundle.manifest["graphs"]},
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
         "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
     }
@@ -301,12 +302,26 @@ def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, t
     return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}
 
 
+def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict) -> dict:
+    """`run_runtime` of another bundle in a child process (its own memory), for `bench --against`."""
+    code = ("import json, sys; from vibevoice_onnx.runtime.bench import run_runtime; "
+            "print(json.dumps(run_runtime(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]) or None, "
+            "json.loads(sys.argv[5]))))")
+    proc = subprocess.run([sys.executable, "-c", code, str(bundle_dir), str(frames), voice, str(threads or 0),
+                           json.dumps(options)], capture_output=True, text=True)
+    if proc.returncode:
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode
+        raise VibeVoiceError(f"the run of {bundle_dir} failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
           threads: int | None = None, decode_group: int | None = None, streams: int = 1,
-          audio: list[Path] | None = None) -> dict:
+          audio: list[Path] | None = None, against: Path | None = None) -> dict:
     """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's. With
     `streams` > 1, the report of `run_streams` (no reference). An ASR bundle: `run_transcription_streams` of
-    the recordings `audio`, `frames` greedy tokens each."""
+    the recordings `audio`, `frames` greedy tokens each. `against`: another bundle of the same kind (a fixed
+    profile's dynamic sibling, another precision) run the same way in the same bench."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
     from .asr import ASR_KINDS
@@ -330,6 +345,8 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     runtime["bandwidth_floor_ms_per_frame"] = 1000 * runtime["weight_bytes_per_frame"] / bandwidth
     if reference is not None:
         report["reference"] = run_reference(reference, bundle_dir, runtime["voice"], frames, threads, options)
+    if against is not None:
+        report["against"] = run_other_bundle(against, frames, runtime["voice"], threads, options)
     return report
 
 
@@ -401,6 +418,14 @@ def format_report(report: dict) -> str:
                      f"{1000 * ref['wall_seconds'] / ref['frames']:.1f} ms per latent, peak memory {ref['peak_memory_bytes'] / 1e9:.2f} GB; "
                      f"the runtime is {ref['wall_seconds'] / runtime['wall_seconds']:.2f}x faster")
         lines.append("  over the run " + _growth_line(ref))
+    if "against" in report:
+        other = report["against"]
+        lines.append(f"against       {other['bundle']} ({other['precision']}): real-time factor "
+                     f"{other['real_time_factor']:.3f}, first audio {1000 * other['first_audio_seconds']:.0f} ms (warm: "
+                     f"{1000 * other['warm_first_audio_seconds']:.0f} ms), peak memory {other['peak_memory_bytes'] / 1e9:.2f} GB; "
+                     f"this bundle takes {runtime['wall_seconds'] / other['wall_seconds']:.2f}x its time")
+    lines.append("graph sizes   " + ", ".join(f"{name} {size / 1e6:.1f} MB"
+                                              for name, size in runtime["graph_weight_bytes"].items()))
     return "\n".join(lines)
 
 

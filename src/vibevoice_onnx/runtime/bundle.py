@@ -241,6 +241,11 @@ class Bundle:
     def dims(self) -> ModelDims:
         return model_dims(self.manifest["config"], str(self.path / MANIFEST))
 
+    @property
+    def profile(self) -> str:
+        """"dynamic" (the default build), or "fixed" (`build --profile fixed`: static shapes, export/fixed.py)."""
+        return self.manifest.get("profile", {}).get("name", "dynamic")
+
     def require_kind(self, *kinds: str) -> None:
         if self.kind not in kinds:
             raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind "

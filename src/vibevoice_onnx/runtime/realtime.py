@@ -17,13 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VibeVoiceError
-from ..generation.common import LmStream
+from ..generation.common import LmStream, whole_head_at
 from ..generation.realtime import POSITIONS_PER_TOKEN, TAIL_FRAMES, GenerationResult, TextSegments, realtime_frames
 from ..options import check, check_optional
 from ..sampling import NoiseSource
 from ..script import assign_voices, parse_script
 from ..text import TEXT_WINDOW, TextFeed, encode_tts_text, split_text
 from .bundle import Bundle
+from .fixed import FixedCache, FixedGuidedStreams, FixedLm, FixedLmStream, TileDecoder
 from .batch import BATCH_CAPACITY, MemberBackend, MemberGuidedStreams, StreamBatch, row_executor
 from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, StreamingConv, flat_cache
 from .speech import Speech, TtsModel
@@ -71,8 +72,11 @@ class OnnxRealtimeBackend:
         self.embed, types, scale, bias = bundle.host_tensors(
             "embed_tokens", "tts_input_types", "speech_scaling_factor", "speech_bias_factor")
         self.types, self.scale, self.bias = types.astype(F32), F32(scale), F32(bias)
-        self.max_positions = bundle.dims.tts_lm.max_positions
         self.train_steps = bundle.dims.head.train_steps
+        self.open_graphs(bundle)
+
+    def open_graphs(self, bundle: Bundle) -> None:
+        self.max_positions = bundle.dims.tts_lm.max_positions
         self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"]}
         self.lms = {name: OnnxLm(bundle, name) for name in ("lower_lm", "upper_lm")}
         self.head = OnnxDiffusionHead(bundle)
@@ -124,6 +128,53 @@ class OnnxRealtimeBackend:
 
     def unscale(self, latent):
         return (latent / self.scale - self.bias).astype(F32)
+
+
+class FixedRealtimeBackend(OnnxRealtimeBackend):
+    """A bundle of the fixed-shape profile (`build --profile fixed`): the same loop over graphs of static
+    shapes (runtime.fixed): caches of the bundle's capacity, which is then the model's context (a generation
+    that would pass it ends with max_length), the head at two rows, the decoder in tiles, EOS on the host."""
+
+    def open_graphs(self, bundle: Bundle) -> None:
+        self.eos_weights = [w.astype(F32) for w in bundle.host_tensors(
+            "eos_classifier.fc1.weight", "eos_classifier.fc1.bias", "eos_classifier.fc2.weight", "eos_classifier.fc2.bias")]
+        self.lms = {name: FixedLm(bundle, name) for name in ("lower_lm_text", "upper_lm_text", "upper_lm_step")}
+        self.max_positions = self.lms["upper_lm_step"].capacity
+        self.sessions = {name: bundle.session(name) for name in ("diffusion_head", "acoustic_connector")}
+        self.decoder = TileDecoder(bundle)
+
+    def text_stream(self, layers, planned=None):
+        lm = self.lms["lower_lm_text"]
+        return FixedLmStream(lm, FixedCache([layers], lm.capacity, "the voice prompt's lower LM"))
+
+    def guided_streams(self, positive, negative, planned=None):
+        cache = FixedCache([positive, negative], self.max_positions, "the voice prompt's upper LM")
+        return FixedGuidedStreams(self.lms["upper_lm_text"], self.lms["upper_lm_step"], cache)
+
+    def velocity(self, noisy, timesteps, conditions):
+        """Any number of rows, two a call (the graph's shape), the last pair padded."""
+        rows = len(noisy)
+        pad = lambda a: np.concatenate([a, np.zeros((rows % 2, *a.shape[1:]), F32)]).astype(F32)  # noqa: E731
+        noisy, timesteps, conditions = pad(noisy), pad(timesteps), pad(conditions)
+        head = self.sessions["diffusion_head"]
+        out = [head.run(None, {"noisy_latents": noisy[k:k + 2], "timesteps": timesteps[k:k + 2],
+                               "condition": conditions[k:k + 2]})[0] for k in range(0, len(noisy), 2)]
+        return np.concatenate(out)[:rows]
+
+    def head_at(self, conditions, timesteps):
+        return whole_head_at(self.velocity, conditions)
+
+    def decode_frames(self, latent, state):
+        return self.decoder.run(latent, state)
+
+    def eos_logit(self, hidden):
+        fc1, b1, fc2, b2 = self.eos_weights
+        return float((np.maximum(hidden.astype(F32) @ fc1.T + b1, 0) @ fc2.T + b2)[0, 0])
+
+
+def backend_for(bundle: Bundle) -> OnnxRealtimeBackend:
+    """The backend of the bundle's profile."""
+    return (FixedRealtimeBackend if bundle.profile == "fixed" else OnnxRealtimeBackend)(bundle)
 
 
 class RealtimeBatch(StreamBatch):
@@ -206,7 +257,7 @@ class RealtimeTTS(TtsModel):
     kind = "realtime"
 
     def _backend(self) -> OnnxRealtimeBackend:
-        return OnnxRealtimeBackend(self.bundle)
+        return backend_for(self.bundle)
 
     def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
                noise: NoiseSource | None = None, max_frames: int | None = None,
@@ -244,6 +295,9 @@ class RealtimeTTS(TtsModel):
 
     def batch(self, max_streams: int = 4) -> RealtimeBatch:
         """Room for `max_streams` generations batched frame by frame on this model (see RealtimeBatch)."""
+        if isinstance(self.backend, FixedRealtimeBackend):
+            raise VibeVoiceError(f"{self.bundle.path}: a fixed-shape bundle runs one stream at a time (its graphs "
+                                 "have the shapes of one); batch streams on a bundle of the default profile")
         return RealtimeBatch(self.backend, max_streams)
 
     def dialogue(self, script: str, voices: dict, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,

@@ -393,6 +393,7 @@ def format_table(record: dict) -> str:
     for g in record["gates"]:
         if g["detail"] and (not g["passed"] or " agree" in g["name"]):
             lines.append(f"  {g['name']}: {g['detail']}")
+    lines += record.get("notes", [])  # what a kind's gates report beside them (a fixed bundle: mobile usability)
     lines.append("all gates passed" if record["passed"] else "SOME GATES FAILED")
     if "not_recorded" in record:
         lines.append("warning: " + record["not_recorded"])

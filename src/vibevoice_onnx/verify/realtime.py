@@ -43,17 +43,23 @@ def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: 
     negative = cache_layers(probe.prefilled(model.tts_language_model, 2))
     ours = runtime.guided_streams(positive, negative)
     separate = GuidedStreams(*(runtime.stream("upper_lm", layers, in_place=False) for layers in (positive, negative)))
+    return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe))
+
+
+def cfg_steps(ours, reference, probe: Probe) -> tuple[list, list]:
+    """Two sets of CFG streams given the same inputs: speech, a 3-token text window (positive only), then speech
+    twice; their outputs side by side."""
     outputs, references = [], []
-    for step in range(4):  # speech, a 3-token text window (positive only), then speech again
+    for step in range(4):
         if step == 1:
             embeds = probe.tokens(3)
             outputs.append(ours.text(embeds))
-            references.append(separate.text(embeds))
+            references.append(reference.text(embeds))
         else:
             embeds = probe.tokens(1)
             outputs += ours.speech(embeds)
-            references += separate.speech(embeds)
-    return compare("upper_lm: batched CFG streams == separate streams", outputs, references)
+            references += reference.speech(embeds)
+    return outputs, references
 
 
 def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log, limit: float) -> list[Gate]:
@@ -233,11 +239,16 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: 
     from ..reference.loading import load_realtime
 
     model = load_realtime(checkpoint)
+    prompt, voice = verification_prompt(bundle, model, voice)
+    ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
+    if bundle.profile == "fixed":
+        from . import realtime_fixed
+
+        gates, info = realtime_fixed.run_gates(bundle, model, prompt, ids, log, limits, closed_loop)
+        return gates, {**info, "closed_loop": {**info["closed_loop"], "voice": voice}}
     runtime = OnnxRealtimeBackend(bundle)
     gates = graph_gates(bundle, model, runtime, log, limits.graph)
     log("  closed loop: the whole generation, runtime vs reference")
-    prompt, voice = verification_prompt(bundle, model, voice)
-    ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
     loop, loop_info = closed_loop(model, runtime, prompt, ids, limits)
     log("  batched streams against each alone")
     return gates + loop + [batched_streams(model, runtime, bundle.tokenizer)], {"closed_loop": {**loop_info, "voice": voice}}
