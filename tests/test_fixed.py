@@ -31,8 +31,10 @@ def fixed_root(tiny_checkpoints, tiny_bundle, tiny_preset, tmp_path_factory):
     copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
     records = {}
     for precision, ort in (("fp32", False), ("int8", True)):
-        bundle = build_bundle(tiny_checkpoints["realtime"], root, precision,
-                              profile=FixedProfile.from_options(CACHE, TILE, ort))
+        with pytest.MonkeyPatch.context() as patch:  # graphs over 1 MB keep their weights in .onnx.data, as
+            patch.setattr("vibevoice_onnx.export.graphs.EXTERNAL_DATA_BYTES", 2**20)  # full-size ones do
+            bundle = build_bundle(tiny_checkpoints["realtime"], root, precision,
+                                  profile=FixedProfile.from_options(CACHE, TILE, ort))
         if precision == "fp32":  # the int8 build takes its graphs and voices from the fp32 one
             import_voice(bundle, tiny_preset, "synthetic")
         records[precision] = verify_bundle(bundle, log=lambda line: None)
@@ -61,6 +63,7 @@ def test_every_shape_is_static_and_every_op_standard(fixed_root):
     step = manifest["graphs"]["upper_lm_step"]["inputs"]
     assert step[0]["shape"][:2] == [2, 1] and step[3]["shape"][2] == CACHE  # both CFG rows, one token, the capacity
     assert manifest["graphs"]["acoustic_decoder_tile"]["inputs"][0]["shape"][:2] == [1, TILE]
+    assert manifest["graphs"]["acoustic_decoder_tile"]["external_data"]  # the checks read weights beside the graph
 
 
 def test_the_mobile_usability_report_is_in_the_manifest_for_every_graph(fixed_root):

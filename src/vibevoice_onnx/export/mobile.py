@@ -37,7 +37,7 @@ def static_shapes_and_usability(path: Path) -> tuple[list[str], dict]:
     from onnxruntime.tools.mobile_helpers.usability_checker import check_coreml_partitions, check_nnapi_partitions
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    model = onnx.load(str(path), load_external_data=False)  # shapes need no weights' values
+    model = onnx.load(str(path))  # with its .onnx.data: the inference reads small constant initializers' values
     inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
     usability = {"nnapi": _partitions(check_nnapi_partitions(inferred, require_fixed_input_sizes=True)),
                  "coreml": _partitions(check_coreml_partitions(inferred, True, "coreml_supported_mlprogram_ops.md"))}
