@@ -48,7 +48,7 @@ def cmd_make_checkpoint(args) -> int:
         print(f"  voice preset: {out / 'voices' / 'synthetic.pt'}", file=sys.stderr)
 
     make_checkpoint(args.kind, out, size=args.size, seed=args.seed, dtype=args.dtype,
-                    extras=add_preset if args.kind == "realtime" else None)
+                    extras=add_preset if args.kind == "realtime" else None, variant=args.variant)
     print(out)
     return 0
 
@@ -325,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=["tiny", "full"], default="tiny")
     p.add_argument("--seed", type=cli_type("seed"), default=0)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--variant", choices=["1.5b", "7b"], help="asr-streaming: the released size to make (default 1.5b)")
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError
 
-KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf")
+KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf", "asr-streaming")
+# VibeVoice-ASR-Streaming (facts sheet 12): the ASR network in the codes layout with a streaming prompt and
+# tokenizer; two released sizes, told apart by their LM (the 1.5B's head tied, the 7B's its own tensor).
+STREAMING_VARIANTS = ("1.5b", "7b")
+# Its preprocessor_config.json (12.3): the window geometry is read from it, never assumed.
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+STREAMING_PREPROCESSOR = {"chunk_frames": 22, "lookahead_frames": 4, "normalize_audio": False,
+                          "speech_tok_compress_ratio": 3200, "target_sample_rate": 24000}
+# The streaming tokenizer's added tokens past Qwen2.5's (12.5): one id higher than the non-streaming layout.
+STREAMING_TOKENS = {"<|text_chunk_end|>": 151665, "<|AUDIO|>": 151666, "<|audio_bos|>": 151667, "<|audio_eos|>": 151668}
 # Long-form multi-speaker TTS: VibeVoice-1.5B and VibeVoice-Large (7B), one architecture, one loop; Large's LM
 # head is untied (a top-level lm_head.weight), the 1.5B's is the token embedding.
 LONG_FORM_KINDS = ("1.5b", "large")
@@ -278,6 +287,9 @@ def detect_kind(config: dict, source: str = "config.json") -> str:
     if model_type == "vibevoice_asr":
         return "asr-hf"
     if model_type == "vibevoice":
+        architectures = " ".join(config.get("architectures") or [])
+        if "ASRStreaming" in architectures:  # before the diffusion head test: its config keeps a vestigial one (12.2)
+            return "asr-streaming"
         if "decoder_config" not in config:
             raise CheckpointError(
                 f"{source}: model_type 'vibevoice' without 'decoder_config' is the transformers-native "
@@ -286,7 +298,6 @@ def detect_kind(config: dict, source: str = "config.json") -> str:
         if "diffusion_head_config" in config:
             # Large says so at the top level (facts sheet 11.2: its decoder section has no tie key at all)
             return "large" if config.get("tie_word_embeddings") is False else "1.5b"
-        architectures = " ".join(config.get("architectures") or [])
         if "ASR" in architectures or "semantic_tokenizer_config" in config:
             return "asr"
         raise CheckpointError(f"{source}: model_type 'vibevoice' with neither a diffusion head nor an ASR architecture")
@@ -440,8 +451,70 @@ def _hf_encoder_section(vae_dim: int) -> dict:
     }
 
 
-def full_config(kind: str) -> dict:
-    """The hub config.json of KIND, field for field (facts sheet sections 2.1, 3.1, 5.1, 6.1)."""
+@dataclass(frozen=True)
+class StreamingGeometry:
+    """ASR-Streaming's windows (facts sheet 12.3, 12.7): window k covers samples [k·chunk, k·chunk + window); the
+    last, shorter one is zero-padded to a whole window."""
+
+    chunk_frames: int
+    lookahead_frames: int
+    hop: int
+    sample_rate: int
+    normalize_audio: bool
+
+    @property
+    def chunk_samples(self) -> int:
+        return self.chunk_frames * self.hop
+
+    @property
+    def window_frames(self) -> int:
+        return self.chunk_frames + self.lookahead_frames
+
+    @property
+    def window_samples(self) -> int:
+        return self.window_frames * self.hop
+
+    def windows(self, samples: int) -> int:
+        return max(1, -(-samples // self.chunk_samples))
+
+    def describe(self) -> str:
+        return (f"chunks of {self.chunk_frames} frames ({self.chunk_samples / self.sample_rate:.4f} s) + "
+                f"{self.lookahead_frames} of lookahead: windows of {self.window_samples:,} samples at {self.sample_rate} Hz")
+
+
+def streaming_geometry(preprocessor: dict | None, source: str = PREPROCESSOR_CONFIG) -> StreamingGeometry:
+    """The geometry from the checkpoint's own preprocessor_config.json; upstream refuses one without it."""
+    if preprocessor is None:
+        raise CheckpointError(f"{source}: missing, so this is not a streaming checkpoint (its chunk_frames and "
+                              "lookahead_frames set the windows)")
+    for key in ("chunk_frames", "lookahead_frames"):
+        if not isinstance(preprocessor.get(key), int) or preprocessor[key] < (1 if key == "chunk_frames" else 0):
+            raise CheckpointError(f"{source}: no valid '{key}', so this is not a streaming checkpoint")
+    return StreamingGeometry(preprocessor["chunk_frames"], preprocessor["lookahead_frames"],
+                             _count(preprocessor, "speech_tok_compress_ratio", source, default=3200),
+                             _count(preprocessor, "target_sample_rate", source, default=24000),
+                             bool(preprocessor.get("normalize_audio", False)))
+
+
+def streaming_config(variant: str) -> dict:
+    """VibeVoice-ASR-Streaming's config.json (facts sheet 12.2): the ASR skeleton, a vestigial diffusion head
+    section, the sample rate and frame size at the top level. Not established, and so our choice: the 1.5B's
+    max_position_embeddings (the 1.5B TTS's 65536) and the 7B's (VibeVoice-ASR's 32768)."""
+    if variant not in STREAMING_VARIANTS:
+        raise CheckpointError(f"unknown ASR-Streaming variant '{variant}' (expected {' or '.join(STREAMING_VARIANTS)})")
+    config = {key: value for key, value in full_config("asr").items() if key != "decoder_config"}
+    config.update(
+        architectures=["VibeVoiceForASRStreamingTraining"],
+        decoder_config=(_qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True) if variant == "1.5b"
+                        else _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)),
+        diffusion_head_config=_head_section(1536 if variant == "1.5b" else 3584),
+        speech_tok_compress_ratio=3200, target_sample_rate=24000, torch_dtype="float32", use_semantic_feature=True)
+    return dict(sorted(config.items()))
+
+
+def full_config(kind: str, variant: str = "1.5b") -> dict:
+    """The hub config.json of KIND, field for field (facts sheet sections 2.1, 3.1, 5.1, 6.1, 12.2); `variant`:
+    ASR-Streaming's size."""
     if kind == "realtime":
         return {
             "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
@@ -454,6 +527,8 @@ def full_config(kind: str) -> dict:
             "transformers_version": "4.51.3",
             "tts_backbone_num_hidden_layers": 20,
         }
+    if kind == "asr-streaming":
+        return streaming_config(variant)
     if kind in ("1.5b", "asr"):
         config = {
             "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
@@ -502,8 +577,8 @@ TINY_HIDDEN, TINY_HEADS, TINY_KV_HEADS, TINY_INTERMEDIATE = 64, 4, 2, 128
 TINY_FILTERS, TINY_DEPTHS = 4, [1, 1, 1, 1, 1, 1, 2]
 
 
-def tiny_config(kind: str, vocab: int, special_ids: dict[str, int]) -> dict:
-    config = copy.deepcopy(full_config(kind))
+def tiny_config(kind: str, vocab: int, special_ids: dict[str, int], variant: str = "1.5b") -> dict:
+    config = copy.deepcopy(full_config(kind, variant))
     depth_string = "-".join(str(d) for d in TINY_DEPTHS)
     if kind == "asr-hf":
         text = config["text_config"]
@@ -521,7 +596,7 @@ def tiny_config(kind: str, vocab: int, special_ids: dict[str, int]) -> dict:
                     config[name]["decoder_n_filters"] = TINY_FILTERS
         if "diffusion_head_config" in config:
             config["diffusion_head_config"]["hidden_size"] = TINY_HIDDEN
-    layers = {"realtime": 6, "1.5b": 2, "large": 2, "asr": 2, "asr-hf": 2}[kind]
+    layers = {"realtime": 6, "1.5b": 2, "large": 2, "asr": 2, "asr-hf": 2, "asr-streaming": 2}[kind]
     text.update(
         hidden_size=TINY_HIDDEN,
         num_attention_heads=TINY_HEADS,

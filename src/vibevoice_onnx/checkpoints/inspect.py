@@ -11,6 +11,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
+from ..errors import CheckpointError
 from .configs import model_dims
 from .files import CheckpointFiles, open_checkpoint
 from .layouts import layout_for
@@ -84,10 +85,13 @@ def inspect_checkpoint(root: Path) -> dict:
     unused = [t.name for t in layout.tensors if not t.used]
     non_finite = non_finite_tensors(files)
     tokenizer = Path(root) / "tokenizer.json"
+    streaming, streaming_problem = _streaming(Path(root), tokenizer) if dims.kind == "asr-streaming" else (None, None)
     return {
         "path": str(Path(root)),
         "kind": dims.kind,
-        "ok": not (missing or unexpected or shape_mismatches or non_finite),
+        "ok": not (missing or unexpected or shape_mismatches or non_finite or streaming_problem),
+        "streaming": streaming,
+        "streaming_problem": streaming_problem,
         "dtype": dtypes.most_common(1)[0][0] if dtypes else None,
         "dtypes": dict(dtypes),
         "files": list(files.shards),
@@ -112,6 +116,28 @@ def inspect_checkpoint(root: Path) -> dict:
     }
 
 
+def _streaming(root: Path, tokenizer: Path) -> tuple[str | None, str | None]:
+    """(ASR-Streaming's window geometry, what makes the checkpoint unusable for streaming, if anything)."""
+    import json
+
+    from .configs import PREPROCESSOR_CONFIG, STREAMING_TOKENS, streaming_geometry
+
+    path = root / PREPROCESSOR_CONFIG
+    try:
+        geometry = streaming_geometry(json.loads(path.read_text()) if path.is_file() else None, str(path))
+    except (CheckpointError, ValueError) as e:
+        return None, str(e)
+    chunk_end = "<|text_chunk_end|>"
+    vocab = json.loads(tokenizer.read_text()).get("added_tokens", []) if tokenizer.is_file() else []
+    ids = {t["content"]: t["id"] for t in vocab}
+    if chunk_end not in ids:
+        return geometry.describe(), (f"{tokenizer}: has no {chunk_end}, so no chunk would ever end (the stock Qwen2.5 "
+                                     "tokenizer lacks it: use the checkpoint's own)")
+    at = f"; {chunk_end} = {ids[chunk_end]}" + ("" if ids[chunk_end] == STREAMING_TOKENS[chunk_end] else
+                                                  f" (the released checkpoints have {STREAMING_TOKENS[chunk_end]})")
+    return geometry.describe() + at, None
+
+
 def _fmt_count(n: int) -> str:
     return f"{n:,}"
 
@@ -119,6 +145,8 @@ def _fmt_count(n: int) -> str:
 def _verdict(r: dict) -> str:
     if r["missing"] or r["unexpected"] or r["shape_mismatches"]:
         return "DOES NOT match its layout"
+    if r.get("streaming_problem"):
+        return "matches its layout, but cannot stream: " + r["streaming_problem"]
     if r["non_finite"]:
         return "matches its layout, but holds NaN or infinite values: unusable"
     return "matches its layout exactly"
@@ -138,6 +166,8 @@ def format_report(r: dict, limit: int = 20) -> str:
     if r["special_tokens"]:
         lines.append("special ids  " + ", ".join(f"{k}={v}" for k, v in r["special_tokens"].items()))
     lines.append(f"tokenizer    {r['tokenizer'] or 'none in the checkpoint (pass --tokenizer when building)'}")
+    if r.get("streaming"):
+        lines.append(f"streaming    {r['streaming']}")
     lines.append("components")
     width = max(len(c) for c in r["components"]) if r["components"] else 0
     for component, count in r["components"].items():

@@ -253,6 +253,18 @@ def asr_codes_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), ("model.acoustic_tokenizer.decoder.* is present but unused by ASR",))
 
 
+def asr_streaming_layout(d: ModelDims) -> Layout:
+    """VibeVoice-ASR-Streaming: the codes-layout ASR tensors (facts sheet 12.4). The 1.5B ships an lm_head
+    although its config ties the head to the embedding, which upstream then uses: present, never read."""
+    tied = d.lm.tied_embeddings
+    tensors = [TensorSpec(t.name, t.shape, t.component, t.init, used=not (tied and t.name == "lm_head.weight"))
+               for t in asr_codes_layout(d).tensors]
+    notes = ("model.acoustic_tokenizer.decoder.* is present but unused by ASR",
+             "lm_head.weight is present but unused: the config ties the head to the token embedding, as upstream "
+             "computes the logits" if tied else "lm_head is untied: its own tensor gives the logits")
+    return Layout(d, tuple(tensors), notes)
+
+
 def asr_hf_layout(d: ModelDims) -> Layout:
     from .names import upstream_encoder_to_hf
 
@@ -292,4 +304,5 @@ def layout_for(d: ModelDims, stored: set[str] | None = None) -> Layout:
         "large": large_layout,
         "asr": asr_codes_layout,
         "asr-hf": asr_hf_layout,
+        "asr-streaming": asr_streaming_layout,
     }[d.kind](d)

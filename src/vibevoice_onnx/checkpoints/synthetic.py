@@ -21,7 +21,10 @@ from safetensors.numpy import save_file
 from ..errors import VibeVoiceError
 from ..options import check
 from ..outputs import atomic_directory
-from .configs import KINDS, LONG_FORM_KINDS, full_config, model_dims, tiny_config
+from .configs import (
+    KINDS, LONG_FORM_KINDS, PREPROCESSOR_CONFIG, STREAMING_PREPROCESSOR, STREAMING_TOKENS, STREAMING_VARIANTS, full_config,
+    model_dims, tiny_config,
+)
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
     BIAS, CONV, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, WAVEFORM, Layout, TensorSpec,
@@ -34,6 +37,13 @@ DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.f
 # count is not established; it mirrors its -HF twin. Tiny checkpoints keep the counts, so the sharded
 # loading path is exercised in tests.
 SHARDS = {"realtime": 1, "1.5b": 3, "large": 10, "asr": 8, "asr-hf": 8}
+STREAMING_SHARDS = {True: 3, False: 8}  # ASR-Streaming by head tying: the 1.5B's 3 shards, the 7B's 8 (12.4)
+
+
+def shard_count(layout: Layout) -> int:
+    if layout.kind == "asr-streaming":
+        return STREAMING_SHARDS[layout.dims.lm.tied_embeddings]
+    return SHARDS[layout.kind]
 EOS_LOGIT_BIAS = -2.0  # with random weights the EOS logit has std ~1: EOS fires now and then, not at once
 
 
@@ -120,7 +130,7 @@ def speaking_lm(special_ids: dict[str, int]) -> Adjust:
 def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adjust | None = None) -> list[str]:
     np_dtype = DTYPES[dtype]
     index = {spec.name: i for i, spec in enumerate(layout.tensors)}
-    shards = plan_shards(layout, np.dtype(np_dtype).itemsize, SHARDS[layout.kind])
+    shards = plan_shards(layout, np.dtype(np_dtype).itemsize, shard_count(layout))
     names = [SINGLE_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
     ]
@@ -144,8 +154,9 @@ def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adju
 
 
 def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dtype: str = "bfloat16",
-                    extras: Callable[[Path], None] | None = None) -> Layout:
-    """Write the checkpoint into `out` atomically; `extras(directory)` may add files before it lands."""
+                    extras: Callable[[Path], None] | None = None, variant: str | None = None) -> Layout:
+    """Write the checkpoint into `out` atomically; `extras(directory)` may add files before it lands.
+    `variant`: ASR-Streaming's size, 1.5b (default) or 7b."""
     if kind not in KINDS:
         raise VibeVoiceError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})")
     if size not in ("tiny", "full"):
@@ -156,8 +167,12 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise VibeVoiceError(f"{out}: {'directory is not empty' if out.is_dir() else 'is a file'}; choose a new output directory")
-    tokenizer, special_ids = build_tokenizer(size)
-    config = full_config(kind) if size == "full" else tiny_config(kind, 512, special_ids)
+    streaming = kind == "asr-streaming"
+    if variant is not None and not streaming:
+        raise VibeVoiceError(f"--variant is for asr-streaming checkpoints; {kind} has one size")
+    variant = variant or STREAMING_VARIANTS[0]
+    tokenizer, special_ids = build_tokenizer(size, STREAMING_TOKENS if streaming else None)
+    config = full_config(kind, variant) if size == "full" else tiny_config(kind, 512, special_ids, variant)
     if dtype != "bfloat16":
         for section in [config, *(v for v in config.values() if isinstance(v, dict))]:
             for key in ("torch_dtype", "dtype"):
@@ -168,6 +183,8 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
          f"{layout.parameters:,} parameters, {dtype}")
     with atomic_directory(out, _log) as partial:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if streaming:
+            (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(STREAMING_PREPROCESSOR, indent=2) + "\n")
         tokenizer.save(str(partial / "tokenizer.json"))
         write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind in LONG_FORM_KINDS else None)
         if extras is not None:

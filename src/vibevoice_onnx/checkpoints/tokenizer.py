@@ -48,8 +48,9 @@ def _pipeline() -> Tokenizer:
     return tok
 
 
-def build_tokenizer(size: str) -> tuple[Tokenizer, dict[str, int]]:
-    """Return the tokenizer and the ids of the Qwen added tokens in it."""
+def build_tokenizer(size: str, extra: dict[str, int] | None = None) -> tuple[Tokenizer, dict[str, int]]:
+    """Return the tokenizer and the ids of the Qwen added tokens in it; `extra`: more added tokens after
+    them, at these ids at full size (ASR-Streaming's <|text_chunk_end|> and audio placeholders)."""
     base_vocab = QWEN_BASE_VOCAB if size == "full" else TINY_BASE_VOCAB
     tok = _pipeline()
     trainer = trainers.BpeTrainer(
@@ -66,9 +67,10 @@ def build_tokenizer(size: str) -> tuple[Tokenizer, dict[str, int]]:
         vocab[f"<|synthetic_filler_{i}|>"] = i
     data["added_tokens"] = []
     tok = Tokenizer.from_str(json.dumps(data))
-    specials = sorted(QWEN_SPECIAL_TOKENS, key=QWEN_SPECIAL_TOKENS.get)
+    wanted = {**QWEN_SPECIAL_TOKENS, **(extra or {})}
+    specials = sorted(wanted, key=wanted.get)
     tok.add_special_tokens(specials)
     ids = {name: tok.token_to_id(name) for name in specials}
-    if size == "full" and ids != QWEN_SPECIAL_TOKENS:
-        raise RuntimeError("synthetic tokenizer: the Qwen added tokens did not land at their real ids")
+    if size == "full" and ids != wanted:
+        raise RuntimeError("synthetic tokenizer: the added tokens did not land at their real ids")
     return tok, ids

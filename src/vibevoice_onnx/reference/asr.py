@@ -72,8 +72,8 @@ LM_WEIGHTS = ("model.language_model.layers.", "lm_head.")  # 7.6 of the 8.3 B pa
 
 def _checked_dims(checkpoint: Path) -> ModelDims:
     dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
-    if dims.kind not in ("asr", "asr-hf"):
-        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr or asr-hf")
+    if dims.kind not in ("asr", "asr-hf", "asr-streaming"):
+        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr, asr-hf or asr-streaming")
     return dims
 
 

@@ -30,8 +30,9 @@ def build_hf_model(dims: ModelDims):
             ),
         )
         return VibeVoiceForConditionalGeneration(config)
-    if dims.kind in ("asr", "asr-hf"):
+    if dims.kind in ("asr", "asr-hf", "asr-streaming"):
         config = VibeVoiceAsrConfig(
+            tie_word_embeddings=dims.lm.tied_embeddings,  # ASR-Streaming 1.5B: the head is the embedding
             text_config=text,
             acoustic_tokenizer_encoder_config=_encoder_dict(dims.acoustic_encoder),
             semantic_tokenizer_encoder_config=_encoder_dict(dims.semantic_encoder),

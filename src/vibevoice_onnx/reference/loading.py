@@ -247,12 +247,17 @@ def _load_hf(root: Path, compact: bool, defer):
         "large": (large_to_hf, ()),
         "asr": (asr_codes_to_hf, ()),
         "asr-hf": (lambda name: name, ()),
+        # the 1.5B's shipped head is never read: upstream ties the head to the embedding (facts sheet 12.4)
+        "asr-streaming": ((lambda name: None if name == "lm_head.weight" else asr_codes_to_hf(name), ("lm_head.weight",))
+                          if dims.lm.tied_embeddings else (asr_codes_to_hf, ())),
     }[report["kind"]]
     deferred = load_into(model, files, dims.kind, rename, allowed_absent, compact=compact, defer=defer)
     if defer is not None:
         _materialise_computed_buffers(model)
     if dims.kind == "1.5b":
         model.tie_weights()
+    elif dims.kind == "asr-streaming" and dims.lm.tied_embeddings:  # transformers' ASR class declares no tying
+        model.lm_head.weight = model.model.language_model.embed_tokens.weight
     return model.eval(), deferred
 
 

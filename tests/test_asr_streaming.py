@@ -1,0 +1,101 @@
+"""VibeVoice-ASR-Streaming (kind asr-streaming, 1.5B and 7B): the hub layouts against the facts sheet's counts,
+tiny checkpoints of both variants made, inspected and loaded strictly, the geometry and tokenizer read from
+the checkpoint's own files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from vibevoice_onnx.checkpoints.configs import full_config, model_dims
+from vibevoice_onnx.checkpoints.inspect import inspect_checkpoint
+from vibevoice_onnx.checkpoints.layouts import layout_for
+
+
+@pytest.mark.parametrize("variant,parameters", [("1.5b", 2_814_116_321), ("7b", 8_674_021_857)])
+def test_full_size_layouts_hold_the_released_checkpoints_counts(variant, parameters):
+    """Facts sheet 12.4: 1,177 tensors (552 acoustic tokenizer, 276 semantic, 338 LM, one head, two connectors of
+    five), and the parameter totals that the hub's BF16 file sizes pin."""
+    config = full_config("asr-streaming", variant)
+    dims = model_dims(config)
+    layout = layout_for(dims)
+    groups = {prefix: sum(t.name.startswith(prefix) for t in layout.tensors)
+              for prefix in ("model.acoustic_tokenizer.", "model.semantic_tokenizer.", "model.language_model.")}
+    assert dims.kind == "asr-streaming" and "diffusion_head_config" in config  # vestigial, and not a TTS model
+    assert len(layout.tensors) == 1177 and list(groups.values()) == [552, 276, 338]
+    assert layout.parameters == parameters
+    assert dims.lm.tied_embeddings == (variant == "1.5b")
+    head = layout.by_name()["lm_head.weight"]
+    assert head.used == (variant == "7b")  # the 1.5B ships one, ties it away and never reads it
+
+
+@pytest.fixture(scope="module")
+def streaming_checkpoints(tmp_path_factory):
+    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
+
+    root = tmp_path_factory.mktemp("asr-streaming")
+    for variant in ("1.5b", "7b"):
+        make_checkpoint("asr-streaming", root / variant, size="tiny", seed=3, variant=variant)
+    return root
+
+
+@pytest.mark.parametrize("variant,shards", [("1.5b", 3), ("7b", 8)])
+def test_tiny_checkpoints_match_their_layout_with_geometry_and_chunk_end_token(streaming_checkpoints, variant, shards):
+    report = inspect_checkpoint(streaming_checkpoints / variant)
+    assert report["ok"] and report["kind"] == "asr-streaming" and len(report["files"]) == shards
+    assert report["streaming"].startswith("chunks of 22 frames (2.9333 s) + 4 of lookahead: windows of 83,200 samples")
+    preprocessor = json.loads((streaming_checkpoints / variant / "preprocessor_config.json").read_text())
+    assert preprocessor["normalize_audio"] is False
+    tokens = {t["content"] for t in json.loads((streaming_checkpoints / variant / "tokenizer.json").read_text())["added_tokens"]}
+    assert {"<|text_chunk_end|>", "<|object_ref_start|>", "<|object_ref_end|>"} <= tokens
+
+
+def test_full_size_tokenizer_puts_the_chunk_end_where_the_released_one_has_it():
+    from vibevoice_onnx.checkpoints.configs import STREAMING_TOKENS
+    from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
+
+    tokenizer, ids = build_tokenizer("full", STREAMING_TOKENS)
+    assert tokenizer.token_to_id("<|text_chunk_end|>") == 151665 and tokenizer.token_to_id("<|AUDIO|>") == 151666
+    assert ids["<|object_ref_start|>"] == 151646  # the speech markers keep Qwen's ids
+
+
+def test_a_checkpoint_without_geometry_or_chunk_end_token_cannot_stream(streaming_checkpoints, tmp_path):
+    no_geometry = shutil.copytree(streaming_checkpoints / "1.5b", tmp_path / "no-geometry")
+    (no_geometry / "preprocessor_config.json").unlink()
+    report = inspect_checkpoint(no_geometry)
+    assert not report["ok"] and "not a streaming checkpoint" in report["streaming_problem"]
+    stock = shutil.copytree(streaming_checkpoints / "1.5b", tmp_path / "stock-tokenizer")
+    data = json.loads((stock / "tokenizer.json").read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|text_chunk_end|>"]
+    (stock / "tokenizer.json").write_text(json.dumps(data))
+    report = inspect_checkpoint(stock)
+    assert not report["ok"] and "no <|text_chunk_end|>" in report["streaming_problem"]
+
+
+def test_strict_load_ties_the_1_5b_head_to_the_embedding_and_keeps_the_7bs_own(streaming_checkpoints):
+    from safetensors import safe_open
+
+    from vibevoice_onnx.checkpoints.files import open_checkpoint
+    from vibevoice_onnx.reference.asr import load_asr
+
+    for variant in ("1.5b", "7b"):
+        root = streaming_checkpoints / variant
+        model = load_asr(root).model
+        files = open_checkpoint(root)
+        with safe_open(str(root / files.tensors["lm_head.weight"].file), framework="pt") as f:
+            shipped = f.get_tensor("lm_head.weight").float()
+        embedding = model.model.language_model.embed_tokens.weight
+        if variant == "1.5b":  # upstream's tie_weights: the logits come from the embedding, not the shipped head
+            assert torch.equal(model.lm_head.weight, embedding) and not torch.equal(shipped, embedding)
+        else:
+            assert torch.equal(model.lm_head.weight, shipped)
+
+
+def test_variant_is_for_streaming_checkpoints_only(tmp_path, capsys):
+    from vibevoice_onnx.cli import EXIT_ERROR, main
+
+    assert main(["make-checkpoint", "asr", str(tmp_path / "x"), "--variant", "7b"]) == EXIT_ERROR
+    assert "--variant is for asr-streaming" in capsys.readouterr().err
