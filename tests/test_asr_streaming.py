@@ -99,3 +99,110 @@ def test_variant_is_for_streaming_checkpoints_only(tmp_path, capsys):
 
     assert main(["make-checkpoint", "asr", str(tmp_path / "x"), "--variant", "7b"]) == EXIT_ERROR
     assert "--variant is for asr-streaming" in capsys.readouterr().err
+
+
+# ---- the loop, against upstream's streaming_generate transcribed line by line ----
+
+SPEECH = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
+UPSTREAM_PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
+                   "following audios streamingly with these keys: speaker, content\n")
+
+
+def speech_samples():
+    """The real speech fixture at 24 kHz, not normalised (the streaming preprocessor says normalize_audio false);
+    a voice-like test signal where ../shared is absent."""
+    import numpy as np
+
+    from vibevoice_onnx.audio import read_audio
+
+    if SPEECH.is_file():
+        return read_audio(SPEECH)[0]
+    t = np.arange(int(7.5 * 24000)) / 24000
+    return (0.2 * np.sin(2 * np.pi * 180 * t + 2 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+
+
+@torch.no_grad()
+def upstream_streaming_generate(model, tokenizer, audio, chunk_frames: int, lookahead_frames: int, hotwords: str,
+                                max_new_tokens_per_chunk: int) -> list[list[int]]:
+    """Upstream's streaming_generate (encode_mode "split_then_encode", temperature 0, the acoustic mean as the
+    ports take it) written out with transformers' modules, one line per step of facts sheet 12.6-12.7."""
+    import numpy as np
+    from transformers.cache_utils import DynamicCache
+
+    hop = 3200
+    chunk, window = chunk_frames * hop, (chunk_frames + lookahead_frames) * hop
+    lm, parts = model.model.language_model, model.model
+    tce, eos = tokenizer.token_to_id("<|text_chunk_end|>"), tokenizer.token_to_id("<|endoftext|>")
+    speech_start, speech_end = tokenizer.token_to_id("<|object_ref_start|>"), tokenizer.token_to_id("<|object_ref_end|>")
+    text = UPSTREAM_PROMPT[:-1] + f" and extra info: {hotwords}\n" if hotwords else UPSTREAM_PROMPT
+    prompt = tokenizer.encode(text, add_special_tokens=False).ids
+    cache, length = DynamicCache(), 0
+
+    def forward(embeds):
+        nonlocal length
+        positions = torch.arange(length, length + embeds.shape[1])[None]
+        length += embeds.shape[1]
+        return lm(inputs_embeds=embeds, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+
+    forward(lm.embed_tokens(torch.tensor([prompt])))  # prefill; its logits are discarded
+    chunks, start = [], 0
+    while start < len(audio):
+        segment = np.zeros(window, np.float32)
+        piece = audio[start:start + window]
+        segment[:len(piece)] = piece  # pad_last_chunk
+        wave = torch.from_numpy(segment)[None, None]
+        acoustic = parts.acoustic_tokenizer_encoder(wave).latents  # cold: no cache carried from the last window
+        semantic = parts.semantic_tokenizer_encoder(wave).latents
+        features = parts.multi_modal_projector(acoustic, semantic)
+        hidden = forward(torch.cat([lm.embed_tokens(torch.tensor([[speech_start]])), features,
+                                    lm.embed_tokens(torch.tensor([[speech_end]]))], dim=1))
+        tokens = []
+        for _ in range(max_new_tokens_per_chunk):
+            token = int(model.lm_head(hidden[:, -1]).argmax(-1))
+            tokens.append(token)
+            if token in (tce, eos):
+                break
+            hidden = forward(lm.embed_tokens(torch.tensor([[token]])))
+        forward(lm.embed_tokens(torch.tensor([[tce]])))  # always fed once, its logits unused
+        chunks.append(tokens)
+        start += chunk
+    return chunks
+
+
+@pytest.mark.parametrize("variant", ["1.5b", "7b"])
+def test_the_shared_loop_is_upstreams_token_for_token(streaming_checkpoints, variant):
+    import numpy as np
+
+    from vibevoice_onnx.checkpoints.configs import streaming_geometry
+    from vibevoice_onnx.generation.asr_streaming import StreamingSession, split_windows
+    from vibevoice_onnx.reference.asr import load_asr
+    from vibevoice_onnx.text import load_tokenizer
+
+    root = streaming_checkpoints / variant
+    reference, tokenizer = load_asr(root), load_tokenizer(root / "tokenizer.json")
+    geometry = streaming_geometry(json.loads((root / "preprocessor_config.json").read_text()))
+    audio = speech_samples()[: 3 * geometry.chunk_samples + 5000]  # 4 windows, the last padded
+    expected = upstream_streaming_generate(reference.model, tokenizer, audio, 22, 4, "VibeVoice", 7)
+    session = StreamingSession(reference, tokenizer, geometry, hotwords="VibeVoice", max_tokens_per_chunk=7)
+    results = [session.chunk(window) for window in split_windows(audio, geometry)]
+    assert len(results) == len(expected) == 4
+    assert [r.tokens for r in results] == expected
+    assert [r.start for r in results] == pytest.approx([0, 2.9333, 5.8667, 8.8], abs=1e-3)
+    assert all(np.isfinite(r.margins).all() for r in results)
+
+
+def test_audio_fed_in_pieces_gives_the_windows_of_the_whole(streaming_checkpoints):
+    import numpy as np
+
+    from vibevoice_onnx.checkpoints.configs import streaming_geometry
+    from vibevoice_onnx.generation.asr_streaming import WindowFeeder, split_windows
+
+    geometry = streaming_geometry(json.loads((streaming_checkpoints / "1.5b" / "preprocessor_config.json").read_text()))
+    audio = np.random.default_rng(0).standard_normal(2 * geometry.window_samples + 777).astype(np.float32)
+    feeder, fed = WindowFeeder(geometry), []
+    for piece in np.array_split(audio, 37):  # pieces of any size, as a microphone gives them
+        fed += feeder.feed(piece)
+    fed += feeder.finish()
+    whole = list(split_windows(audio, geometry))
+    assert len(fed) == len(whole) == -(-len(audio) // geometry.chunk_samples)
+    assert all(np.array_equal(a, b) for a, b in zip(fed, whole))

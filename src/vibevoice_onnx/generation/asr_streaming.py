@@ -1,0 +1,166 @@
+"""VibeVoice-ASR-Streaming's loop (facts sheet 12.6-12.10), written once and run on both backends (an
+AsrBackend: generation/asr.py).
+
+A plain-text prompt (no chat template) is prefilled once into one growing KV cache. Then, window after window
+(window k: samples [k·chunk, k·chunk + chunk + lookahead), the last zero-padded to a whole window), each
+window encoded cold by both encoders (no conv state carried), the acoustic means given upstream's σ-VAE
+noise unless the caller asks for the means, the connectors' sum appended between the speech-start and
+speech-end tokens; greedy tokens until <|text_chunk_end|> or <|endoftext|> or the per-chunk limit; then
+<|text_chunk_end|> fed once whatever ended the chunk (EOS does not end the session). Each chunk's text has
+the special tokens stripped; its time span is the chunk's, and `Speaker N:` labels carry across chunks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..checkpoints.configs import StreamingGeometry
+from ..errors import VibeVoiceError
+from .asr import AsrBackend
+
+PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
+          "following audios streamingly with these keys: speaker, content\n")
+CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT = ("<|text_chunk_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                                                    "<|endoftext|>")
+# What upstream's server deletes from a chunk's decoded text (decoding skips the special tokens already).
+RESIDUAL_SPECIALS = ("<|text_chunk_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+                     "<|speech_start|>", "<|speech_end|>", "<|speech_pad|>")
+MAX_TOKENS_PER_CHUNK = 256  # upstream's default
+SPEAKER = re.compile(r"Speaker\s+(\d+)\s*:")
+
+
+def prompt_text(hotwords: str | None = None) -> str:
+    """The prompt, hotwords (one comma-separated string) inserted before its final newline (an empty string
+    is none, as upstream's `if context_info:`)."""
+    return PROMPT[:-1] + f" and extra info: {hotwords}\n" if hotwords else PROMPT
+
+
+@dataclass(frozen=True)
+class StreamingTokens:
+    chunk_end: int
+    speech_start: int
+    speech_end: int
+    end_of_text: int
+
+    @classmethod
+    def of(cls, tokenizer) -> "StreamingTokens":
+        ids = {name: tokenizer.token_to_id(name) for name in (CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT)}
+        missing = [name for name, value in ids.items() if value is None]
+        if missing:
+            raise VibeVoiceError(f"the tokenizer has no {', '.join(missing)}: an ASR-Streaming model needs its own "
+                                 "tokenizer (the stock Qwen2.5 one has no <|text_chunk_end|>, so no chunk would end)")
+        return cls(*ids.values())
+
+
+@dataclass
+class ChunkResult:
+    index: int
+    start: float  # seconds: the chunk's span (the lookahead belongs to the next chunk)
+    end: float
+    text: str
+    speaker: int | None  # the speaker label in force at the chunk's end (carried from earlier chunks)
+    tokens: list[int] = field(default_factory=list)  # greedy picks, the stop token included
+    margins: list[float] = field(default_factory=list)  # top-2 logit margin of each pick
+    stop_reason: str = ""  # "chunk_end", "end_of_text" or "max_tokens"
+
+
+def split_windows(samples: np.ndarray, geometry: StreamingGeometry) -> Iterator[np.ndarray]:
+    """Window k = samples [k·chunk, k·chunk + window) while k·chunk < N; the last one zero-padded."""
+    for start in range(0, len(samples), geometry.chunk_samples):
+        yield pad_window(samples[start:start + geometry.window_samples], geometry)
+
+
+def pad_window(window: np.ndarray, geometry: StreamingGeometry) -> np.ndarray:
+    if len(window) > geometry.window_samples:
+        raise VibeVoiceError(f"a window holds at most {geometry.window_samples} samples, got {len(window)}")
+    padded = np.zeros(geometry.window_samples, np.float32)
+    padded[:len(window)] = window
+    return padded
+
+
+class StreamingSession:
+    """One transcription session: `chunk(window)` for each window in order, each returning its ChunkResult."""
+
+    def __init__(self, backend: AsrBackend, tokenizer, geometry: StreamingGeometry, hotwords: str | None = None,
+                 rng: np.random.Generator | None = None, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK):
+        if max_tokens_per_chunk < 1:
+            raise VibeVoiceError(f"max_tokens_per_chunk must be at least 1, got {max_tokens_per_chunk}")
+        self.backend, self.tokenizer, self.geometry = backend, tokenizer, geometry
+        self.ids, self.rng, self.limit = StreamingTokens.of(tokenizer), rng, max_tokens_per_chunk
+        self.stream = backend.lm_stream()
+        self.stream.step(backend.embed(tokenizer.encode(prompt_text(hotwords), add_special_tokens=False).ids))
+        self.chunks, self.speaker = 0, None
+
+    def features(self, window: np.ndarray) -> np.ndarray:
+        """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs."""
+        acoustic, semantic = self.backend.encode(pad_window(np.asarray(window, np.float32), self.geometry)[None, None])
+        if self.rng is not None:  # upstream's σ-VAE sample: one N(0, std²) scale per window times unit noise
+            scale = np.float32(self.rng.standard_normal() * self.backend.acoustic_std)
+            acoustic = acoustic + scale * self.rng.standard_normal(acoustic.shape, dtype=np.float32)
+        return self.backend.connect(acoustic, semantic)
+
+    def chunk(self, window: np.ndarray) -> ChunkResult:
+        ids, backend = self.ids, self.backend
+        embeds = np.concatenate([backend.embed([ids.speech_start]), self.features(window),
+                                 backend.embed([ids.speech_end])], axis=1)
+        hidden = self.stream.step(embeds)[:, -1]
+        seconds = self.geometry.chunk_samples / self.geometry.sample_rate
+        result = ChunkResult(self.chunks, self.chunks * seconds, (self.chunks + 1) * seconds, "", None)
+        while True:
+            logits = backend.logits(hidden)
+            if not np.all(np.isfinite(logits)):
+                raise VibeVoiceError(f"chunk {self.chunks}: the language model's logits hold NaN or infinity")
+            token = int(np.argmax(logits))
+            top2 = np.partition(logits, -2)[-2:]
+            result.tokens.append(token)
+            result.margins.append(float(top2[1] - top2[0]))
+            if token in (ids.chunk_end, ids.end_of_text):
+                result.stop_reason = "chunk_end" if token == ids.chunk_end else "end_of_text"
+                break
+            hidden = self.stream.step(backend.embed([token]))[:, -1]  # every text token enters the cache (12.7.5)
+            if len(result.tokens) == self.limit:
+                result.stop_reason = "max_tokens"
+                break
+        self.stream.step(backend.embed([ids.chunk_end]))  # always, its logits unused: the trained layout
+        text = [t for t in result.tokens if t not in (ids.chunk_end, ids.end_of_text)]
+        result.text = clean_text(self.tokenizer.decode(text, skip_special_tokens=True))
+        labels = SPEAKER.findall(result.text)
+        self.speaker = int(labels[-1]) if labels else self.speaker
+        result.speaker, self.chunks = self.speaker, self.chunks + 1
+        return result
+
+
+def clean_text(text: str) -> str:
+    for special in RESIDUAL_SPECIALS:
+        text = text.replace(special, "")
+    return text
+
+
+def stream_chunks(session: StreamingSession, windows: Iterable[np.ndarray]) -> Iterator[ChunkResult]:
+    for window in windows:
+        yield session.chunk(window)
+
+
+class WindowFeeder:
+    """Audio arriving in pieces, cut into the windows `split_windows` cuts from the whole: a window as soon as
+    the buffer holds one (then a chunk's samples are dropped, the lookahead kept), the rest at `finish`."""
+
+    def __init__(self, geometry: StreamingGeometry):
+        self.geometry, self.buffer = geometry, np.zeros(0, np.float32)
+
+    def feed(self, samples: np.ndarray) -> list[np.ndarray]:
+        self.buffer = np.concatenate([self.buffer, np.asarray(samples, np.float32).reshape(-1)])
+        windows = []
+        while len(self.buffer) >= self.geometry.window_samples:
+            windows.append(self.buffer[:self.geometry.window_samples].copy())
+            self.buffer = self.buffer[self.geometry.chunk_samples:]
+        return windows
+
+    def finish(self) -> list[np.ndarray]:
+        """What is left (the kept lookahead and any partial chunk), windowed and padded; none if nothing came."""
+        rest, self.buffer = self.buffer, np.zeros(0, np.float32)
+        return list(split_windows(rest, self.geometry)) if len(rest) else []
