@@ -276,7 +276,7 @@ def test_a_build_removes_what_killed_builds_left_and_what_it_made(work, monkeypa
     live = work.root / "onnx" / "realtime" / f".cpu_int8.partial-{os.getpid()}-def456"  # a live writer's
     live.mkdir()
 
-    def failing_export(spec, out_dir, log=print):
+    def failing_export(spec, out_dir, log=print, fuse=True):
         raise VibeVoiceError("simulated export failure")
 
     monkeypatch.setattr(build_module, "export_graph", failing_export)

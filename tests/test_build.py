@@ -71,11 +71,11 @@ def test_a_failed_build_leaves_nothing_that_looks_complete(tiny_checkpoints, tmp
     calls = []
     real_export = build_module.export_graph
 
-    def export_then_fail(spec, out_dir, log=print):
+    def export_then_fail(spec, out_dir, log=print, fuse=True):
         if calls:
             raise RuntimeError("simulated crash during export")
         calls.append(spec.name)
-        return real_export(spec, out_dir, log)
+        return real_export(spec, out_dir, log, fuse)
 
     monkeypatch.setattr(build_module, "export_graph", export_then_fail)
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -216,13 +217,16 @@ def test_serve_on_ray_from_the_command_line_answers_and_stops_on_sigterm(tiny_bu
     log = tmp_path / "serve.log"
     server = Server([tiny_bundle], log, "--ray", "--replicas", "1", start_seconds=120)
     try:
+        deadline = time.monotonic() + 60  # Ray's proxy answers as soon as a replica is up, a moment before
+        while "serving on" not in log.read_text() and time.monotonic() < deadline:  # serve.run returns
+            time.sleep(0.2)
+        assert "1 replica, 1 onnxruntime thread(s) each" in log.read_text()
         assert len(replica_pids()) == 1
         pcm = server.client().audio.speech.create(model="tts-1", voice="synthetic", input=TEXTS[1],
                                                    response_format="pcm", extra_body={"seed": 9, "max_frames": 6})
         assert np.array_equal(np.frombuffer(pcm.content, "<i2"), realtime_pcm(tiny_bundle, 9, 6, TEXTS[1]))
     finally:
         assert server.stop(timeout=60) == 0, log.read_text()
-    assert "1 replica, 1 onnxruntime thread(s) each" in log.read_text()
     assert replica_pids() == set()  # the deployment and the cluster started for it are gone
 
 

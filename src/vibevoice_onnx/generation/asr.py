@@ -65,10 +65,24 @@ def audio_embeddings(backend: AsrBackend, samples: np.ndarray, rng: np.random.Ge
                      on_segment: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[T, H] for T = ceil(N / 3200): what fills the prompt's placeholders. `rng` None: the encoder means."""
     acoustic, semantic = encoder_means(backend, samples, on_segment=on_segment)
-    if rng is not None:
-        scale = np.float32(rng.standard_normal() * backend.acoustic_std)
-        acoustic = acoustic + scale * rng.standard_normal(acoustic.shape, dtype=np.float32)
-    return backend.connect(acoustic, semantic)[0]
+    return backend.connect(acoustic_sample(acoustic, backend.acoustic_std, rng), semantic)[0]
+
+
+def acoustic_sample(means: np.ndarray, std: float, rng: np.random.Generator | None) -> np.ndarray:
+    """Upstream's σ-VAE sample of the acoustic means: one N(0, std²) scale per item times unit noise; the means
+    themselves without `rng`."""
+    if rng is None:
+        return means
+    scale = np.float32(rng.standard_normal() * std)
+    return means + scale * rng.standard_normal(means.shape, dtype=np.float32)
+
+
+def greedy_pick(logits: np.ndarray, where: str) -> tuple[int, float]:
+    """The argmax token and its top-2 logit margin; logits holding NaN or infinity stop with a sentence."""
+    if not np.all(np.isfinite(logits)):
+        raise VibeVoiceError(f"{where}: the language model's logits hold NaN or infinity")
+    top2 = np.partition(logits, -2)[-2:]
+    return int(np.argmax(logits)), float(top2[1] - top2[0])
 
 
 def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, stops: set[int],
@@ -84,12 +98,9 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
     hidden = stream.step(embeds)[:, -1]
     for _ in range(max_new_tokens):
         logits = backend.logits(hidden)
-        if not np.all(np.isfinite(logits)):
-            raise VibeVoiceError(f"the language model's logits hold NaN or infinity at token {len(result.tokens)}")
-        token = int(np.argmax(logits))
-        top2 = np.partition(logits, -2)[-2:]
+        token, margin = greedy_pick(logits, f"token {len(result.tokens)}")
         result.tokens.append(token)
-        result.margins.append(float(top2[1] - top2[0]))
+        result.margins.append(margin)
         if keep_logits:
             result.logits.append(np.asarray(logits, np.float32))
         yield token

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..checkpoints.configs import StreamingGeometry
 from ..errors import VibeVoiceError
-from .asr import AsrBackend
+from .asr import AsrBackend, acoustic_sample, greedy_pick
 
 PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
           "following audios streamingly with these keys: speaker, content\n")
@@ -98,10 +98,7 @@ class StreamingSession:
     def features(self, window: np.ndarray) -> np.ndarray:
         """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs."""
         acoustic, semantic = self.backend.encode(pad_window(np.asarray(window, np.float32), self.geometry)[None, None])
-        if self.rng is not None:  # upstream's σ-VAE sample: one N(0, std²) scale per window times unit noise
-            scale = np.float32(self.rng.standard_normal() * self.backend.acoustic_std)
-            acoustic = acoustic + scale * self.rng.standard_normal(acoustic.shape, dtype=np.float32)
-        return self.backend.connect(acoustic, semantic)
+        return self.backend.connect(acoustic_sample(acoustic, self.backend.acoustic_std, self.rng), semantic)
 
     def chunk(self, window: np.ndarray) -> ChunkResult:
         ids, backend = self.ids, self.backend
@@ -111,13 +108,9 @@ class StreamingSession:
         seconds = self.geometry.chunk_samples / self.geometry.sample_rate
         result = ChunkResult(self.chunks, self.chunks * seconds, (self.chunks + 1) * seconds, "", None)
         while True:
-            logits = backend.logits(hidden)
-            if not np.all(np.isfinite(logits)):
-                raise VibeVoiceError(f"chunk {self.chunks}: the language model's logits hold NaN or infinity")
-            token = int(np.argmax(logits))
-            top2 = np.partition(logits, -2)[-2:]
+            token, margin = greedy_pick(backend.logits(hidden), f"chunk {self.chunks}")
             result.tokens.append(token)
-            result.margins.append(float(top2[1] - top2[0]))
+            result.margins.append(margin)
             if token in (ids.chunk_end, ids.end_of_text):
                 result.stop_reason = "chunk_end" if token == ids.chunk_end else "end_of_text"
                 break
