@@ -162,3 +162,22 @@ def test_fixed_bundles_refuse_what_they_cannot_do(fixed_root, tiny_checkpoints, 
     assert "realtime checkpoints only" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_an_fp16_fixed_bundle_for_gpu_and_npu_engines_is_static_and_half_precision(fixed_root, tiny_checkpoints):
+    """fp16 (onnxruntime's converter, the norms' and sinusoids' ops kept fp32) from the fp32 fixed graphs; its
+    gates need a GPU provider, so here it is checked statically: shapes, types, the mobile report."""
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.export.fixed import FixedProfile
+
+    root, _ = fixed_root
+    bundle = build_bundle(tiny_checkpoints["realtime"], root, "fp16", "cuda", profile=FixedProfile.from_options(CACHE, TILE))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert bundle.name == "cuda_fp16_fixed" and manifest["profile"]["static_shapes"] is True
+    for name, graph in manifest["graphs"].items():
+        assert graph["precision"]["scheme"] == "fp16" and graph["mobile"]["coreml"]["nodes"] > 0
+        model = onnx.load(str(bundle / graph["file"]))
+        halves = sum(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
+        assert halves > 0, name
+        assert [i["dtype"] for i in graph["inputs"]] == [i["dtype"] for i in json.loads(
+            (bundle_of(root, "fp32") / "manifest.json").read_text())["graphs"][name]["inputs"]]  # fp32 at the edges

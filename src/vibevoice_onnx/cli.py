@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
     p.add_argument("--profile", choices=["dynamic", "fixed"], default="dynamic", help="fixed (realtime): every graph "
                    "with static shapes and standard ops, for mobile and NPU engines, written to "
-                   "ROOT/realtime/DEVICE_PRECISION_fixed (fp32, int8)")
+                   "ROOT/realtime/DEVICE_PRECISION_fixed (fp32, int8; fp16 with --device cuda)")
     p.add_argument("--cache", type=int, metavar="N", help="with --profile fixed: the KV caches' capacity, which is "
                    "the model's context in that bundle (default 1024)")
     p.add_argument("--decoder-frames", type=int, metavar="T", help="with --profile fixed: latent frames per decoder "
