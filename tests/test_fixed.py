@@ -181,3 +181,17 @@ def test_an_fp16_fixed_bundle_for_gpu_and_npu_engines_is_static_and_half_precisi
         assert halves > 0, name
         assert [i["dtype"] for i in graph["inputs"]] == [i["dtype"] for i in json.loads(
             (bundle_of(root, "fp32") / "manifest.json").read_text())["graphs"][name]["inputs"]]  # fp32 at the edges
+
+
+def test_bench_times_the_fixed_bundle_against_its_dynamic_sibling_in_one_run(fixed_root):
+    from vibevoice_onnx.runtime.bench import bench, format_report
+
+    root, _ = fixed_root
+    report = bench(bundle_of(root, "fp32"), frames=4, against=root / "realtime" / "cpu_fp32")
+    ours, other = report["runtime"], report["against"]
+    assert ours["frames"] == other["frames"] == 4 and other["bundle"] == str(root / "realtime" / "cpu_fp32")
+    assert set(ours["graphs"]) == {"lower_lm_text", "upper_lm_text", "upper_lm_step", "diffusion_head",
+                                   "acoustic_connector", "acoustic_decoder_tile"}
+    assert "upper_lm" in other["graphs"] and other["peak_memory_bytes"] > 0  # its own process, its own memory
+    assert ours["weight_bytes"] == sum(ours["graph_weight_bytes"].values())
+    assert "against       " in format_report(report) and "graph sizes   lower_lm_text " in format_report(report)

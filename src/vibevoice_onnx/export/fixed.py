@@ -34,7 +34,6 @@ from .realtime import host_tensors as dynamic_host_tensors
 from .realtime import load_model
 
 FIXED_ATTENTION = "vibevoice_fixed_cache"
-MASKED = -1e4  # an additive bias that zeroes a score after softmax in fp32 and fp16 alike (fp16's max is 65504)
 DEFAULT_CACHE = 1024
 DEFAULT_DECODER_FRAMES = 3  # the runtime's decode group: after the first window, every call is one whole tile
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -131,11 +131,6 @@ def clean_text(text: str) -> str:
     for special in RESIDUAL_SPECIALS:
         text = text.replace(special, "")
     return text
-
-
-def stream_chunks(session: StreamingSession, windows: Iterable[np.ndarray]) -> Iterator[ChunkResult]:
-    for window in windows:
-        yield session.chunk(window)
 
 
 class WindowFeeder:

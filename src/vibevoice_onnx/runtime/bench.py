@@ -125,7 +125,8 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     start = time.perf_counter()
     next(iter(bench_frames(backend, bundle, voice, 1, result_of(bundle.kind), **options)))
     warm_first_audio = time.perf_counter() - start
-    read = sum(bundle.weight_bytes(name) * stats["calls"] for name, stats in per_graph.items()) / frames
+    sizes = {name: bundle.weight_bytes(name) for name in bundle.manifest["graphs"]}
+    read = sum(sizes[name] * stats["calls"] for name, stats in per_graph.items()) / frames
     return {
         "bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
         "gates": gate_status(bundle), "voice": voice, "frames": result.frames, "options": options,
@@ -133,8 +134,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         "first_audio_seconds": run["chunk_times"][0], "warm_first_audio_seconds": warm_first_audio,
         "growth": growth(run), "graphs": per_graph,
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
-        "weight_bytes": sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"]),
-        "graph_weight_bytes": {name: bundle.weight_bytes(name) for name in bundle.manifest["graphs"]},
+        "weight_bytes": sum(sizes.values()), "graph_weight_bytes": sizes,
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
         "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
     }
@@ -295,11 +295,16 @@ def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, t
     """The PyTorch reference on the same weights, text, voice and noise, in a child process (its own memory)."""
     command = [sys.executable, "-m", "vibevoice_onnx.reference.timing", str(checkpoint), str(bundle_dir), voice,
                str(frames), str(threads or 0), json.dumps(options)]
+    run = child_run(command, "the PyTorch reference run")
+    return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}
+
+
+def child_run(command: list[str], what: str) -> dict:
+    """Run `command` in a child process and return the JSON object its last line of output holds."""
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode:
-        raise VibeVoiceError(f"the PyTorch reference run failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
-    run = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}
+        raise VibeVoiceError(f"{what} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict) -> dict:
@@ -307,12 +312,8 @@ def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | N
     code = ("import json, sys; from vibevoice_onnx.runtime.bench import run_runtime; "
             "print(json.dumps(run_runtime(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]) or None, "
             "json.loads(sys.argv[5]))))")
-    proc = subprocess.run([sys.executable, "-c", code, str(bundle_dir), str(frames), voice, str(threads or 0),
-                           json.dumps(options)], capture_output=True, text=True)
-    if proc.returncode:
-        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode
-        raise VibeVoiceError(f"the run of {bundle_dir} failed: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_run([sys.executable, "-c", code, str(bundle_dir), str(frames), voice, str(threads or 0),
+                      json.dumps(options)], f"the run of {bundle_dir}")
 
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,

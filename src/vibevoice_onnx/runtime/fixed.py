@@ -8,7 +8,8 @@ import numpy as np
 from ..errors import VibeVoiceError
 
 F32 = np.float32
-MASKED = F32(-1e4)  # as the graphs were exported with (export/fixed.py)
+# The attention bias where a row may not look: softmax zeroes it in fp32 and fp16 alike (fp16's max is 65504).
+MASKED = F32(-1e4)
 
 
 def attention_bias(lengths: list[int], tokens: int, capacity: int) -> np.ndarray:

@@ -83,13 +83,15 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
 
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
-                limits: Limits, seed: int = SEED, frames: int = CLOSED_LOOP_FRAMES) -> tuple[list[Gate], dict]:
+                limits: Limits, seed: int = SEED, frames: int = CLOSED_LOOP_FRAMES,
+                ours: GenerationResult | None = None) -> tuple[list[Gate], dict]:
     """The whole generation, `frames` long in every run: EOS is decided every frame but not acted on, so the
     gates judge agreement however early a (random) checkpoint would stop. The runtime runs it twice: free
-    (its own latents fed back) and teacher-forced (the reference's latents fed back); see Limits."""
+    (its own latents fed back, into `ours` when given, for a caller that judges it further) and
+    teacher-forced (the reference's latents fed back); see Limits."""
     noise = NoiseSource.from_seed(seed, model.dims.head.latent)
     reference = reference_loop(model, prompt, ids, noise, frames, GenerationResult(conditions=[]))
-    ours, forced = GenerationResult(), GenerationResult(conditions=[])
+    ours, forced = ours if ours is not None else GenerationResult(), GenerationResult(conditions=[])
     for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
         pass
     for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced, teacher=Teacher(reference.latents)):
