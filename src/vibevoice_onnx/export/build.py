@@ -111,7 +111,8 @@ def _exporter(kind: str):
     """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
     from . import asr, large, realtime, tts15b
 
-    exporters = {"realtime": realtime, "1.5b": tts15b, "large": large, "asr": asr, "asr-hf": asr}
+    exporters = {"realtime": realtime, "1.5b": tts15b, "large": large, "asr": asr, "asr-hf": asr,
+                 "asr-streaming": asr}
     if kind not in exporters:
         raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {', '.join(exporters)})")
     return exporters[kind]
@@ -218,6 +219,18 @@ def _convert_precision(policy_kind: str, precision: str, graphs: dict, tmp: Path
         graphs[name] = {**graph_entry(path, extra), "precision": details}
 
 
+def _preprocessor(checkpoint: Path, kind: str) -> dict:
+    """The checkpoint's preprocessor_config.json, where it ships one (ASR-Streaming's window geometry is read from
+    it, never assumed), checked as the runtime will read it."""
+    from ..checkpoints.configs import PREPROCESSOR_CONFIG, streaming_geometry
+
+    path = checkpoint / PREPROCESSOR_CONFIG
+    preprocessor = json.loads(path.read_text()) if path.is_file() else None
+    if kind == "asr-streaming":
+        streaming_geometry(preprocessor, str(path))
+    return {"preprocessor": preprocessor} if preprocessor is not None else {}
+
+
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None, profile=None) -> Path:
     """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile."""
@@ -229,6 +242,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
         profile.check_kind(dims.kind)
     exporter = _exporter(dims.kind) if profile is None else profile.exporter()
     tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
+    preprocessor = _preprocessor(checkpoint, dims.kind)
     from .precision import policy
 
     policy_kind = dims.kind if profile is None else f"{dims.kind}-{profile.name}"
@@ -262,6 +276,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "opset": OPSET,
             "source": {"path": str(checkpoint.resolve()), "hash": source_hash},
             "config": files.config,
+            **preprocessor,
             "tokenizer": {"file": "tokenizer.json", "from": str(tokenizer_path.resolve())},
             "host_tensors": HOST_TENSORS,
             "graphs": graphs,

@@ -175,7 +175,7 @@ POLICIES = {
     "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4},
             "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}},
 }
-POLICIES["asr-hf"] = POLICIES["asr"]
+POLICIES["asr-hf"] = POLICIES["asr-streaming"] = POLICIES["asr"]
 # The fixed-shape realtime profile: its graphs, the same schemes as the default profile's for the same weights.
 POLICIES["realtime-fixed"] = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
                                        "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}

@@ -252,12 +252,13 @@ def _load_hf(root: Path, compact: bool, defer):
                           if dims.lm.tied_embeddings else (asr_codes_to_hf, ())),
     }[report["kind"]]
     deferred = load_into(model, files, dims.kind, rename, allowed_absent, compact=compact, defer=defer)
-    if defer is not None:
-        _materialise_computed_buffers(model)
+    # Tied before a skeleton is checked for tensors without data: the head has none of its own.
     if dims.kind == "1.5b":
         model.tie_weights()
     elif dims.kind == "asr-streaming" and dims.lm.tied_embeddings:  # transformers' ASR class declares no tying
         model.lm_head.weight = model.model.language_model.embed_tokens.weight
+    if defer is not None:
+        _materialise_computed_buffers(model)
     return model.eval(), deferred
 
 

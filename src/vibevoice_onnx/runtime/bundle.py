@@ -246,6 +246,13 @@ class Bundle:
         """"dynamic" (the default build), or "fixed" (`build --profile fixed`: static shapes, export/fixed.py)."""
         return self.manifest.get("profile", {}).get("name", "dynamic")
 
+    @cached_property
+    def streaming_geometry(self):
+        """ASR-Streaming's windows, from the checkpoint's preprocessor config the build recorded."""
+        from ..checkpoints.configs import streaming_geometry
+
+        return streaming_geometry(self.manifest.get("preprocessor"), f"{self.path / MANIFEST}: the preprocessor record")
+
     def require_kind(self, *kinds: str) -> None:
         if self.kind not in kinds:
             raise BundleError(f"{self.path}: is a bundle of kind '{self.kind}'; this needs kind "
