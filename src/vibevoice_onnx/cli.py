@@ -158,6 +158,13 @@ def cmd_decode(args) -> int:
 
 def cmd_transcribe(args) -> int:
     """Each input transcribed in turn; one that fails is reported and the others still get their results."""
+    if args.stream:
+        return stream_transcription(args)
+    if args.realtime or args.sample_rate or args.max_tokens_per_chunk:
+        raise VibeVoiceError("--realtime, --sample-rate and --max-tokens-per-chunk go with --stream")
+    if "-" in args.audio:
+        raise VibeVoiceError("audio from standard input ('-') is streamed: add --stream (with an ASR-Streaming bundle)")
+    form = args.format or "json"
     from .outputs import atomic_file, check_output_file
     from .runtime.asr import MAX_NEW_TOKENS, Transcriber
     from .transcription import render
@@ -194,16 +201,54 @@ def cmd_transcribe(args) -> int:
               f"audio, {result.timings['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
         if result.note:
             print(f"warning: {path.name}: {result.note}", file=sys.stderr)
-        text = render(args.format, result.segments, result.text, result.raw)
+        text = render(form, result.segments, result.text, result.raw)
         if target is None:
             sys.stdout.write(text)
             continue
-        out = target / f"{path.stem}.{args.format}" if several else target
-        with atomic_file(out, f"writing the {args.format} transcript") as partial:
+        out = target / f"{path.stem}.{form}" if several else target
+        with atomic_file(out, f"writing the {form} transcript") as partial:
             partial.write_text(text, encoding="utf-8")
     if failures:
         raise VibeVoiceError(f"{failures} of {len(inputs)} input(s) could not be transcribed (see above)")
     return 0
+
+
+def stream_transcription(args) -> int:
+    """`transcribe --stream`: each chunk's text printed as soon as it is decoded (a line each: its span and text,
+    or a JSON object with --format json); how long after its audio each came, on standard error."""
+    from .generation.asr_streaming import MAX_TOKENS_PER_CHUNK
+    from .runtime.asr_streaming import StreamingTranscriber, audio_pieces
+
+    if len(args.audio) != 1:
+        raise VibeVoiceError("--stream transcribes one input (a file, or '-' for PCM on standard input)")
+    form = args.format or "txt"
+    if form not in ("txt", "json") or args.output or args.max_new_tokens:
+        raise VibeVoiceError("--stream prints each chunk as it comes: --format txt (the default) or json (JSON Lines); "
+                             "no -o or --max-new-tokens (see --max-tokens-per-chunk)")
+    source = args.audio[0]
+    live = StreamingTranscriber(Path(args.bundle), hotwords=args.hotwords, seed=args.seed, mean_latents=args.mean_latents,
+                                max_tokens_per_chunk=args.max_tokens_per_chunk or MAX_TOKENS_PER_CHUNK, threads=args.threads,
+                                force=args.force)
+    rate = args.sample_rate or live.geometry.sample_rate
+    print(f"{source}: {live.geometry.describe()}{'; paced at the speed of speech' if args.realtime else ''}",
+          file=sys.stderr, flush=True)
+    for piece, due in audio_pieces(source, rate, args.realtime):
+        for chunk in live.feed(piece, rate):
+            _print_chunk(chunk, form, chunk.ready_at - due)
+    for chunk in live.finish():  # the end of the audio is what the last windows waited for
+        _print_chunk(chunk, form, chunk.seconds)
+    print(f"{len(live.chunks)} chunks, {live.seconds:.2f} s of audio", file=sys.stderr)
+    return 0
+
+
+def _print_chunk(chunk, form: str, latency: float) -> None:
+    if form == "json":
+        print(json.dumps({"chunk": chunk.index, "start": round(chunk.start, 4), "end": round(chunk.end, 4),
+                          "speaker": chunk.speaker, "text": chunk.text}, ensure_ascii=False), flush=True)
+    else:
+        print(f"[{chunk.start:7.2f} - {chunk.end:7.2f}] {chunk.text.strip()}", flush=True)
+    print(f"chunk {chunk.index}: text {latency:.2f} s after its audio ({chunk.seconds:.2f} s to decode, "
+          f"{len(chunk.tokens)} tokens, {chunk.stop_reason})", file=sys.stderr, flush=True)
 
 
 def _item_defaults(text: str | None) -> dict:
@@ -411,8 +456,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("transcribe", help="transcribe audio files with an ASR bundle (speakers, timestamps)")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("audio", nargs="+", metavar="AUDIO", help="files soundfile reads (any rate and channel count)")
-    p.add_argument("--format", default="json", choices=["json", "srt", "vtt", "txt", "raw"])
+    p.add_argument("audio", nargs="+", metavar="AUDIO", help="files soundfile reads (any rate and channel count); with "
+                   "--stream, '-' reads raw S16_LE mono PCM from standard input")
+    p.add_argument("--format", choices=["json", "srt", "vtt", "txt", "raw"],
+                   help="default json; with --stream txt (a line per chunk) or json (JSON Lines)")
+    p.add_argument("--stream", action="store_true", help="ASR-Streaming bundles: print each chunk's text as it is "
+                   "decoded, the audio read as it arrives")
+    p.add_argument("--realtime", action="store_true", help="with --stream: play a file at the speed of speech")
+    p.add_argument("--sample-rate", type=cli_type("sample_rate"), metavar="HZ",
+                   help="with --stream and '-': the PCM's rate (default: the model's, 24000)")
+    p.add_argument("--max-tokens-per-chunk", type=cli_type("max_tokens_per_chunk"), metavar="N",
+                   help="with --stream: stop a chunk's text after N tokens (default 256, upstream's)")
     p.add_argument("-o", "--output", metavar="OUT", help="a file for one input, a directory for several (default: stdout)")
     p.add_argument("--hotwords", metavar="TEXT", help="names, terms or context to help recognition (upstream's hotword prompt)")
     p.add_argument("--max-new-tokens", type=cli_type("max_new_tokens"), metavar="N", help="stop after N tokens (default 32768)")

@@ -30,6 +30,8 @@ LIMITS = {
     "max_new_tokens": Limit(1, 131072, True),  # ASR: tokens generated at most
     "turn_gap": Limit(0.0, 60.0, False),  # realtime dialogue: seconds of silence between turns
     "max_streams": Limit(1, 256, True),  # generations batched on one model
+    "sample_rate": Limit(1000, 768000, True),  # Hz of raw audio handed over
+    "max_tokens_per_chunk": Limit(1, 2048, True),  # ASR-Streaming: text tokens per chunk (upstream's server caps 2048)
 }
 
 

@@ -13,6 +13,7 @@ the special tokens stripped; its time span is the chunk's, and `Speaker N:` labe
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -66,6 +67,9 @@ class ChunkResult:
     tokens: list[int] = field(default_factory=list)  # greedy picks, the stop token included
     margins: list[float] = field(default_factory=list)  # top-2 logit margin of each pick
     stop_reason: str = ""  # "chunk_end", "end_of_text" or "max_tokens"
+    logits: list[np.ndarray] = field(default_factory=list)  # each pick's logits, when kept (verify)
+    seconds: float = 0.0  # wall time from the complete window to the chunk's text
+    ready_at: float = 0.0  # time.monotonic() when the text was ready
 
 
 def split_windows(samples: np.ndarray, geometry: StreamingGeometry) -> Iterator[np.ndarray]:
@@ -86,29 +90,37 @@ class StreamingSession:
     """One transcription session: `chunk(window)` for each window in order, each returning its ChunkResult."""
 
     def __init__(self, backend: AsrBackend, tokenizer, geometry: StreamingGeometry, hotwords: str | None = None,
-                 rng: np.random.Generator | None = None, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK):
+                 rng: np.random.Generator | None = None, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
+                 max_positions: int | None = None, keep_logits: bool = False):
         if max_tokens_per_chunk < 1:
             raise VibeVoiceError(f"max_tokens_per_chunk must be at least 1, got {max_tokens_per_chunk}")
         self.backend, self.tokenizer, self.geometry = backend, tokenizer, geometry
         self.ids, self.rng, self.limit = StreamingTokens.of(tokenizer), rng, max_tokens_per_chunk
+        self.max_positions, self.keep_logits = max_positions, keep_logits
         self.stream = backend.lm_stream()
         self.stream.step(backend.embed(tokenizer.encode(prompt_text(hotwords), add_special_tokens=False).ids))
         self.chunks, self.speaker = 0, None
 
-    def features(self, window: np.ndarray) -> np.ndarray:
-        """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs."""
-        acoustic, semantic = self.backend.encode(pad_window(np.asarray(window, np.float32), self.geometry)[None, None])
-        return self.backend.connect(acoustic_sample(acoustic, self.backend.acoustic_std, self.rng), semantic)
+    def check_room(self) -> None:
+        """Refuse a chunk that could pass the model's positions (about 16 a second of audio; upstream grows its
+        cache without bound and fails opaquely), before any work on it."""
+        needed = self.stream.position + self.geometry.window_frames + 2 + self.limit + 1
+        if self.max_positions is not None and needed > self.max_positions:
+            minutes = self.chunks * self.geometry.chunk_samples / self.geometry.sample_rate / 60
+            raise VibeVoiceError(f"the session would outgrow the model's {self.max_positions} positions after "
+                                 f"{self.chunks} chunks ({minutes:.1f} min of audio); start a new session")
 
     def chunk(self, window: np.ndarray) -> ChunkResult:
-        ids, backend = self.ids, self.backend
-        embeds = np.concatenate([backend.embed([ids.speech_start]), self.features(window),
-                                 backend.embed([ids.speech_end])], axis=1)
-        hidden = self.stream.step(embeds)[:, -1]
+        ids, backend, started = self.ids, self.backend, time.perf_counter()
+        self.check_room()
+        hidden = self.stream.step(window_embeds(backend, ids, window_features(backend, window, self.geometry, self.rng)))[:, -1]
         seconds = self.geometry.chunk_samples / self.geometry.sample_rate
         result = ChunkResult(self.chunks, self.chunks * seconds, (self.chunks + 1) * seconds, "", None)
         while True:
-            token, margin = greedy_pick(backend.logits(hidden), f"chunk {self.chunks}")
+            logits = backend.logits(hidden)
+            token, margin = greedy_pick(logits, f"chunk {self.chunks}")
+            if self.keep_logits:
+                result.logits.append(np.asarray(logits, np.float32))
             result.tokens.append(token)
             result.margins.append(margin)
             if token in (ids.chunk_end, ids.end_of_text):
@@ -124,7 +136,44 @@ class StreamingSession:
         labels = SPEAKER.findall(result.text)
         self.speaker = int(labels[-1]) if labels else self.speaker
         result.speaker, self.chunks = self.speaker, self.chunks + 1
+        result.seconds, result.ready_at = time.perf_counter() - started, time.monotonic()
         return result
+
+
+def window_features(backend: AsrBackend, window: np.ndarray, geometry: StreamingGeometry,
+                    rng: np.random.Generator | None) -> np.ndarray:
+    """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs."""
+    acoustic, semantic = backend.encode(pad_window(np.asarray(window, np.float32), geometry)[None, None])
+    return backend.connect(acoustic_sample(acoustic, backend.acoustic_std, rng), semantic)
+
+
+def window_embeds(backend: AsrBackend, ids: StreamingTokens, features: np.ndarray) -> np.ndarray:
+    """What a window appends to the cache: speech-start, its features, speech-end."""
+    return np.concatenate([backend.embed([ids.speech_start]), features, backend.embed([ids.speech_end])], axis=1)
+
+
+def fed_tokens(chunk: ChunkResult, ids: StreamingTokens) -> list[int]:
+    """The tokens a chunk fed back into the cache: its picks but a stop token, then <|text_chunk_end|>."""
+    return [t for t in chunk.tokens if t not in (ids.chunk_end, ids.end_of_text)] + [ids.chunk_end]
+
+
+def forced_logits(backend: AsrBackend, tokenizer, geometry: StreamingGeometry, windows: list[np.ndarray],
+                  chunks: list[ChunkResult], hotwords: str | None = None) -> list[np.ndarray]:
+    """Per chunk, [picks, V]: the logits each of `chunks`' picks was made from, with the whole session (the
+    prompt, each window's encoder means and the chunks' own fed-back tokens) in one pass of `backend`'s LM
+    (teacher forcing: a verifier needs one pass of the reference instead of one per token)."""
+    ids = StreamingTokens.of(tokenizer)
+    parts = [backend.embed(tokenizer.encode(prompt_text(hotwords), add_special_tokens=False).ids)]
+    decisions, length = [], parts[0].shape[1]
+    for window, chunk in zip(windows, chunks):
+        parts.append(window_embeds(backend, ids, window_features(backend, window, geometry, None)))
+        fed = fed_tokens(chunk, ids)
+        parts.append(backend.embed(fed))
+        length += parts[-2].shape[1]
+        decisions.append(range(length - 1, length - 1 + len(chunk.tokens)))  # speech-end's, then each fed token's
+        length += len(fed)
+    hidden = backend.lm_stream().step(np.concatenate(parts, axis=1))[0]
+    return [np.stack([backend.logits(hidden[i][None]) for i in rows]) for rows in decisions]
 
 
 def clean_text(text: str) -> str:

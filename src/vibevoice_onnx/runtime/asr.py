@@ -32,7 +32,7 @@ class OnnxAsrBackend:
     """Evaluates each ASR component with its ONNX graph; the KV cache is a list of arrays."""
 
     def __init__(self, bundle: Bundle):
-        bundle.require_kind(*ASR_KINDS)
+        bundle.require_kind(*ASR_KINDS, "asr-streaming")  # the same graphs; the streaming loop drives them its way
         self.bundle = bundle
         (self.embed_table,) = bundle.host_tensors("embed_tokens")
         self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
@@ -136,6 +136,9 @@ class Transcriber:
 
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), threads=threads)
+        if self.bundle.kind == "asr-streaming":
+            raise VibeVoiceError(f"{self.bundle.path}: is an ASR-Streaming bundle: transcribe it with --stream (the "
+                                 "CLI) or StreamingTranscriber (the API); its model is trained on that loop only")
         self.bundle.require_kind(*ASR_KINDS)  # before the admission rule: a TTS bundle is told it is one
         if not force:
             self.bundle.require_usable()

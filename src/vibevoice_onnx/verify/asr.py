@@ -27,15 +27,17 @@ SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" /
 CLIP_SAMPLES = 24000 * 6 + 1234  # six seconds and a partial frame: upstream's rounding up is in play
 
 
-def verification_audio(voice: str | None) -> tuple[np.ndarray, str]:
-    """A real speech clip: `voice` names an audio file, else the shared demo clip, else a synthetic signal."""
+def verification_audio(voice: str | None, samples: int | None = CLIP_SAMPLES, normalize: bool = True) -> tuple[np.ndarray, str]:
+    """A real speech clip (its first `samples`; None: all of it): `voice` names an audio file, else the shared demo
+    clip, else a synthetic signal."""
     path = Path(voice) if voice else SPEECH
+    level = db_normalize if normalize else np.asarray
     if path.is_file():
-        samples, _ = read_audio(path)
-        return db_normalize(samples[:CLIP_SAMPLES]), str(path)
-    t = np.arange(CLIP_SAMPLES) / 24000
+        audio, _ = read_audio(path)
+        return level(audio[:samples]), str(path)
+    t = np.arange(samples or CLIP_SAMPLES) / 24000
     signal = 0.2 * np.sin(2 * np.pi * 160 * t + 3 * np.sin(2 * np.pi * 3 * t)) * (1 + np.sin(2 * np.pi * 0.7 * t))
-    return db_normalize(signal.astype(np.float32)), "(a synthetic voiced signal: ../shared is not available)"
+    return level(signal.astype(np.float32)), "(a synthetic voiced signal: ../shared is not available)"
 
 
 def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend, limit: float) -> list[Gate]:
@@ -125,16 +127,20 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
     return gate
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+def load_reference(checkpoint: Path, log) -> AsrReference:
+    """The fp32 reference, its LM layers read from the shards as they run where the model does not fit."""
     from ..checkpoints.files import open_checkpoint
     from ..reference.asr import load_asr, load_asr_layer_streamed
     from ..reference.loading import fp32_model_fits
 
     if fp32_model_fits(open_checkpoint(checkpoint)):
-        reference = load_asr(checkpoint)
-    else:
-        log("  the fp32 reference does not fit in memory: its LM layers are read from the shards as they run")
-        reference = load_asr_layer_streamed(checkpoint)
+        return load_asr(checkpoint)
+    log("  the fp32 reference does not fit in memory: its LM layers are read from the shards as they run")
+    return load_asr_layer_streamed(checkpoint)
+
+
+def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    reference = load_reference(checkpoint, log)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")
     gates = graph_gates(bundle, reference, runtime, limits.graph)

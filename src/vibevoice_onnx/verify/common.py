@@ -340,9 +340,10 @@ def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
 
 def gates_of(kind: str):
     """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
-    from . import asr, realtime, tts15b
+    from . import asr, asr_streaming, realtime, tts15b
 
-    modules = {"realtime": realtime, "1.5b": tts15b, "large": tts15b, "asr": asr, "asr-hf": asr}
+    modules = {"realtime": realtime, "1.5b": tts15b, "large": tts15b, "asr": asr, "asr-hf": asr,
+               "asr-streaming": asr_streaming}
     if kind not in modules:
         raise VibeVoiceError(f"verifying {kind} bundles is not supported yet (supported: {', '.join(modules)})")
     return modules[kind]

@@ -1,0 +1,174 @@
+"""VibeVoice-ASR-Streaming without PyTorch: text chunk by chunk as the audio arrives (generation/asr_streaming.py's
+loop on the bundle's graphs).
+
+    live = StreamingTranscriber("onnx/asr-streaming/cpu_int8", hotwords="Zorblax")
+    for piece in microphone():            # any rate; resampled to the model's as it streams
+        for chunk in live.feed(piece, 16000):
+            print(chunk.text, end="", flush=True)
+    live.finish()                          # the held lookahead and any partial chunk, zero-padded
+    print(live.text)
+
+Or feed from one thread and iterate `for chunk in live:` in another (iteration ends after `finish()`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+
+from ..errors import VibeVoiceError
+from ..options import check
+from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder
+from .asr import OnnxAsrBackend
+from .bundle import Bundle
+
+F32 = np.float32
+KIND = "asr-streaming"
+PIECE_SECONDS = 0.1  # how much audio a paced file or standard input hands over at a time
+
+
+def open_streaming_bundle(bundle: Bundle | str | Path, threads: int | None = None, force: bool = False) -> Bundle:
+    bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), threads=threads)
+    bundle.require_kind(KIND)
+    if not force:
+        bundle.require_usable()
+    bundle.streaming_geometry  # noqa: B018 (refuses a bundle without its window geometry now, not at the first window)
+    return bundle
+
+
+class StreamingTranscriber:
+    """One live transcription session on an ASR-Streaming bundle (onnxruntime + numpy only). A Bundle object
+    may be shared by many sessions: its graphs are opened once. `seed` seeds upstream's acoustic noise (random
+    without it); `mean_latents` uses the encoder means instead (deterministic)."""
+
+    def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
+                 mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
+                 threads: int | None = None, force: bool = False):
+        check("max_tokens_per_chunk", max_tokens_per_chunk)
+        self.bundle = open_streaming_bundle(bundle, threads, force)
+        self.geometry = self.bundle.streaming_geometry
+        rng = None if mean_latents else np.random.default_rng(seed)
+        self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
+                                        rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
+        self.feeder, self.resampler, self.rate = WindowFeeder(self.geometry), None, None
+        self.chunks: list[ChunkResult] = []
+        self.finished, self.samples = False, 0
+        self._lock, self._ready = threading.Lock(), threading.Condition()
+
+    @property
+    def text(self) -> str:
+        """The transcript so far: the chunks' texts concatenated (upstream's full transcript)."""
+        return "".join(chunk.text for chunk in self.chunks)
+
+    @property
+    def seconds(self) -> float:
+        """Audio received so far, at the model's rate."""
+        return self.samples / self.geometry.sample_rate
+
+    def feed(self, samples: np.ndarray, sample_rate: int) -> list[ChunkResult]:
+        """Take the next piece of audio (float samples in [-1, 1], mono, or [N, channels] averaged); return
+        the chunks it completed, each decoded before this returns. The rate may not change mid-session."""
+        with self._lock:
+            if self.finished:
+                raise VibeVoiceError("this session is finished; start a new StreamingTranscriber")
+            return self._decode(self.feeder.feed(self._resampled(samples, sample_rate)))
+
+    def finish(self) -> list[ChunkResult]:
+        """End of audio: the held lookahead and any partial chunk as upstream's padded last windows."""
+        with self._lock:
+            if self.finished:
+                return []
+            if self.resampler is not None:
+                self.feeder.buffer = np.concatenate([self.feeder.buffer, self._flush_resampler()])
+            try:
+                return self._decode(self.feeder.finish())
+            finally:
+                with self._ready:
+                    self.finished = True
+                    self._ready.notify_all()
+
+    def __iter__(self) -> Iterator[ChunkResult]:
+        """Every chunk, in order, as it is decoded; ends once `finish()` has run."""
+        taken = 0
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: len(self.chunks) > taken or self.finished)
+                fresh, done = self.chunks[taken:], self.finished
+            yield from fresh
+            taken += len(fresh)
+            if done and taken == len(self.chunks):
+                return
+
+    def _decode(self, windows: list[np.ndarray]) -> list[ChunkResult]:
+        fresh = []
+        for window in windows:
+            chunk = self.session.chunk(window)
+            fresh.append(chunk)
+            with self._ready:
+                self.chunks.append(chunk)
+                self._ready.notify_all()
+        return fresh
+
+    def _resampled(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        samples = np.asarray(samples, F32)
+        if samples.ndim == 2:
+            samples = samples.mean(axis=1, dtype=F32)
+        if samples.ndim != 1:
+            raise VibeVoiceError(f"audio pieces are [samples] or [samples, channels], got shape {samples.shape}")
+        if not np.isfinite(samples).all():
+            raise VibeVoiceError("the audio holds NaN or infinite samples")
+        if self.rate is None:
+            check("sample_rate", rate)
+            self.rate = int(rate)
+            if self.rate != self.geometry.sample_rate:
+                import soxr
+
+                self.resampler = soxr.ResampleStream(self.rate, self.geometry.sample_rate, 1, dtype="float32",
+                                                     quality="HQ")
+        elif rate != self.rate:
+            raise VibeVoiceError(f"the sample rate changed mid-session ({self.rate} Hz, then {rate} Hz)")
+        out = samples if self.resampler is None else self.resampler.resample_chunk(samples, last=False)
+        self.samples += len(out)
+        return out
+
+    def _flush_resampler(self) -> np.ndarray:
+        tail = self.resampler.resample_chunk(np.zeros(0, F32), last=True)
+        self.samples += len(tail)
+        return tail
+
+
+def file_pieces(path: Path, paced: bool) -> Iterator[tuple[np.ndarray, float]]:
+    """A recording at the model's rate in pieces of PIECE_SECONDS, each with the wall-clock time its last sample
+    is due; `paced`: handed over no sooner than that (a file played at the speed of speech)."""
+    from ..audio import SAMPLE_RATE, read_audio
+
+    samples, _ = read_audio(Path(path))
+    step, started = int(PIECE_SECONDS * SAMPLE_RATE), time.monotonic()
+    for start in range(0, len(samples), step):
+        piece = samples[start:start + step]
+        due = started + (start + len(piece)) / SAMPLE_RATE
+        if paced and due > time.monotonic():
+            time.sleep(due - time.monotonic())
+        yield piece, (due if paced else time.monotonic())
+
+
+def pcm_pieces(stream: BinaryIO, sample_rate: int) -> Iterator[tuple[np.ndarray, float]]:
+    """Raw signed 16-bit little-endian mono PCM (`arecord -f S16_LE`) in pieces as it arrives, each with its
+    arrival time."""
+    size = 2 * max(1, int(PIECE_SECONDS * sample_rate))
+    carry = b""
+    while block := stream.read(size):
+        data, carry = carry + block, b""
+        if len(data) % 2:
+            data, carry = data[:-1], data[-1:]
+        yield np.frombuffer(data, "<i2").astype(F32) / 32768.0, time.monotonic()
+
+
+def audio_pieces(source: str, sample_rate: int, paced: bool) -> Iterator[tuple[np.ndarray, float]]:
+    """`-`: PCM from standard input at `sample_rate`; anything else: a file (see file_pieces)."""
+    return pcm_pieces(sys.stdin.buffer, sample_rate) if source == "-" else file_pieces(Path(source), paced)
