@@ -71,6 +71,18 @@ def save(results: dict, args: argparse.Namespace) -> int:
     return 0
 
 
+def cpu_flags() -> str:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":")[1].split())
+            break
+    model = next((line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "?")
+    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
+    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
+
+
 def run(main) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing phase should not leave a core dump behind
     sys.exit(main())

@@ -24,22 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import KEY, Server  # noqa: E402  the same server harness as the tests
 
-from phases import CLI  # noqa: E402
+from phases import CLI, cpu_flags  # noqa: E402
 
 TEXT = ("The server adds no buffering of its own: each frame's audio leaves as soon as the decoder has it, "
         "while the model goes on with the next one.")
-
-
-def cpu_flags() -> str:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":")[1].split())
-            break
-    model = next((line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "?")
-    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
-    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
 
 
 def rss(pid: int) -> int:

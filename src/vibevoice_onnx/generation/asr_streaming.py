@@ -21,6 +21,7 @@ import numpy as np
 
 from ..checkpoints.configs import StreamingGeometry
 from ..errors import VibeVoiceError
+from ..transcription import Segment
 from .asr import AsrBackend, acoustic_sample, greedy_pick
 
 PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
@@ -174,6 +175,21 @@ def forced_logits(backend: AsrBackend, tokenizer, geometry: StreamingGeometry, w
         length += len(fed)
     hidden = backend.lm_stream().step(np.concatenate(parts, axis=1))[0]
     return [np.stack([backend.logits(hidden[i][None]) for i in rows]) for rows in decisions]
+
+
+def chunk_segments(chunk: ChunkResult, speaker: int | None) -> list[Segment]:
+    """The chunk's text as segments, one per speaker turn in it, the labels taken out: a turn's span is cut from
+    the chunk's in proportion to its place in the text (upstream's rule; the model writes no timestamps), and
+    text before the first label belongs to `speaker`, the one in force when the chunk began."""
+    turns, cursor, text = [], 0, chunk.text
+    for label in SPEAKER.finditer(text):
+        turns.append((speaker, cursor, label.start()))
+        speaker, cursor = int(label.group(1)), label.end()
+    turns.append((speaker, cursor, len(text)))
+    duration, length = chunk.end - chunk.start, max(len(text), 1)
+    return [Segment(round(chunk.start + duration * begin / length, 3), round(chunk.start + duration * end / length, 3),
+                    who, text[begin:end].strip())
+            for who, begin, end in turns if text[begin:end].strip()]
 
 
 def clean_text(text: str) -> str:

@@ -129,6 +129,7 @@ class Transcript:
     note: str | None  # what was off when parsing (a cut-off array, skipped items)
     audio_seconds: float
     timings: dict = field(default_factory=dict)
+    readable: str | None = None  # the text to show where it is not the segments' (ASR-Streaming: the chunks' text)
 
 
 class Transcriber:

@@ -23,8 +23,9 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..options import check
-from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder
-from .asr import OnnxAsrBackend
+from ..generation.asr_streaming import (MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder,
+                                        chunk_segments)
+from .asr import OnnxAsrBackend, Transcript
 from .bundle import Bundle
 
 F32 = np.float32
@@ -104,6 +105,21 @@ class StreamingTranscriber:
             if done and taken == len(self.chunks):
                 return
 
+    def transcript(self) -> Transcript:
+        """The chunks so far as one transcript: the text upstream's loop gives (the chunks' concatenated), and a
+        segment per speaker turn of each chunk (see chunk_segments)."""
+        segments, speaker = [], None
+        for chunk in self.chunks:
+            segments += chunk_segments(chunk, speaker)
+            speaker = chunk.speaker
+        cut = [str(c.index) for c in self.chunks if c.stop_reason == "max_tokens"]
+        note = f"chunk(s) {', '.join(cut)} stopped at the {self.session.limit}-token limit" if cut else None
+        decode_seconds = sum(c.seconds for c in self.chunks)
+        tokens = [t for c in self.chunks for t in c.tokens]
+        return Transcript(segments, self.text, self.text, tokens, note, self.seconds,
+                          {"decode_seconds": decode_seconds, "chunks": len(self.chunks),
+                           "tokens_per_second": len(tokens) / max(decode_seconds, 1e-9)}, readable=self.text)
+
     def _decode(self, windows: list[np.ndarray]) -> list[ChunkResult]:
         fresh = []
         for window in windows:
@@ -140,6 +156,37 @@ class StreamingTranscriber:
         tail = self.resampler.resample_chunk(np.zeros(0, F32), last=True)
         self.samples += len(tail)
         return tail
+
+
+class StreamingModel:
+    """An ASR-Streaming bundle opened once for many sessions (a server's): `session()` starts one live
+    transcription, `transcribe()` runs a whole recording through one. Sessions are not batched with each other:
+    each holds its own cache and decodes in its own thread."""
+
+    def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
+        self.bundle, self.force = open_streaming_bundle(bundle, threads, force), force
+        self.tokenizer = self.bundle.tokenizer
+
+    def batch(self, max_streams: int) -> None:
+        return None  # nothing to share between sessions' steps yet (see the class docstring)
+
+    def session(self, hotwords: str | None = None, **options) -> StreamingTranscriber:
+        return StreamingTranscriber(self.bundle, hotwords=hotwords, force=self.force, **options)
+
+    def transcribe(self, audio: np.ndarray, sample_rate: int, hotwords: str | None = None, on_chunk=None,
+                   piece_seconds: float = 1.0, **options) -> Transcript:
+        """A whole recording through one session, handed over `piece_seconds` at a time; `on_chunk(chunk)` as each
+        chunk's text is ready."""
+        live = self.session(hotwords, **options)
+        step = max(1, int(piece_seconds * sample_rate))
+        for start in range(0, len(audio), step):
+            for chunk in live.feed(audio[start:start + step], sample_rate):
+                if on_chunk is not None:
+                    on_chunk(chunk)
+        for chunk in live.finish():
+            if on_chunk is not None:
+                on_chunk(chunk)
+        return live.transcript()
 
 
 def file_pieces(path: Path, paced: bool) -> Iterator[tuple[np.ndarray, float]]:

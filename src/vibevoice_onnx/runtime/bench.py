@@ -40,7 +40,8 @@ def bench_kind(kind: str):
              "1.5b": long_form, "large": long_form}
     if kind not in kinds:
         raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}) and ASR bundles; this one is "
-                             f"'{kind}'")
+                             f"'{kind}'" + (" (benchmarks/asr_streaming.py times live transcription)"
+                                            if kind == "asr-streaming" else ""))
     return kinds[kind]
 
 

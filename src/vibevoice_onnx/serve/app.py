@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -108,6 +108,10 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
     @app.websocket("/v1/audio/speech/stream")
     async def speech_stream(websocket: WebSocket):
         await _speech_socket(websocket, state)
+
+    @app.websocket("/v1/stream")  # upstream's path for live transcription (its vLLM server's)
+    async def live_transcription(websocket: WebSocket):
+        await _live_socket(websocket, state)
 
     return app
 
@@ -322,6 +326,75 @@ async def _receive_text(websocket: WebSocket, generation, settings: Settings) ->
             await _socket_error(websocket, ApiError(400, str(e)))
             generation.close()
             return
+
+
+async def _live_socket(websocket: WebSocket, state: _State) -> None:
+    """Live transcription as upstream's /v1/stream: a JSON message of settings, then binary PCM frames (float32
+    little-endian mono at the model's rate, unless the settings say otherwise); each chunk's text goes back as it
+    is decoded ({"chunk", "text", "start", "end", "speaker"}); the text message "end" flushes the tail and
+    brings {"done": true, "total_chunks", "text", "segments"}. The session holds a generation slot throughout."""
+    import queue
+
+    started, settings = time.perf_counter(), state.settings
+    if not _authorized(websocket.headers, settings):
+        await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
+        return
+    await websocket.accept()
+    pump, model_id, status, pieces = None, None, "done", queue.Queue()
+    try:
+        parsed = asr_route.parse_live(await with_timeout(websocket.receive_json(), settings.body_timeout), state.models)
+        model_id = parsed.model.id
+        pump = await state.run(asr_route.live_job(parsed, pieces), on_stop=lambda: pieces.put(asr_route.CLOSE))
+        receiver = asyncio.create_task(_receive_pcm(websocket, parsed, pieces, settings))
+        try:
+            async for chunk in pump:
+                await websocket.send_json(asr_route.chunk_message(chunk))
+        finally:
+            receiver.cancel()
+        if pump.result is not None:
+            transcript = pump.result.transcript()
+            await websocket.send_json({"done": True, "total_chunks": len(pump.result.chunks), "text": transcript.text,
+                                       "segments": [asdict(s) for s in transcript.segments]})
+            await websocket.close()
+    except WebSocketDisconnect:
+        status = "client disconnected"
+    except ApiError as e:
+        status = e.status
+        await _socket_error(websocket, e)
+    except VibeVoiceError as e:
+        status = 400
+        await _socket_error(websocket, ApiError(400, str(e)))
+    except Exception as e:  # noqa: BLE001 - one bad session never takes the server down
+        status = 500
+        log.exception("live transcription failed")
+        await _socket_error(websocket, ApiError(500, f"transcription failed: {e}"))
+    finally:
+        if pump is not None:
+            pump.stop()
+        log_request("WS", "/v1/stream", model_id, status, time.perf_counter() - started)
+
+
+async def _receive_pcm(websocket: WebSocket, parsed, pieces, settings: Settings) -> None:
+    """The socket's PCM frames onto the session's queue until "end"; a bad message or a silent client (no
+    message for --body-timeout seconds) ends the session with an error."""
+    limit = int(settings.max_upload_mb * 2**20)
+    try:
+        while True:
+            message = await with_timeout(websocket.receive(), settings.body_timeout)
+            if message["type"] == "websocket.disconnect":
+                break
+            data, text = message.get("bytes"), message.get("text")
+            if data is not None and len(data) <= limit:
+                pieces.put(parsed.samples(data))
+            elif text is not None and text.strip().strip('"') == "end":
+                pieces.put(asr_route.END)
+                return
+            else:
+                raise VibeVoiceError("send binary PCM frames (each at most the upload limit) and the text message "
+                                     "\"end\" when the audio is over")
+    except (ApiError, VibeVoiceError) as e:
+        await _socket_error(websocket, e if isinstance(e, ApiError) else ApiError(400, str(e)))
+    pieces.put(asr_route.CLOSE)
 
 
 async def _socket_error(websocket: WebSocket, error: ApiError) -> None:

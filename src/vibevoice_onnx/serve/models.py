@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import VibeVoiceError
 from ..runtime.asr import ASR_KINDS, Transcriber
+from ..runtime.asr_streaming import StreamingModel
 from ..runtime.bundle import Bundle
 from ..runtime.speech import TtsModel, open_tts
 from ..checkpoints.configs import LONG_FORM_KINDS
@@ -30,7 +31,7 @@ OPENAI_VOICES = {
 class ServedModel:
     id: str
     bundle: Bundle
-    runner: TtsModel | Transcriber  # sessions loaded once; onnxruntime runs them from several threads at once
+    runner: TtsModel | Transcriber | StreamingModel  # sessions loaded once; onnxruntime runs them from several threads at once
     aliases: dict[str, str] = field(default_factory=dict)
     batch: object | None = None  # the runner's StreamBatch (runtime.batch): concurrent requests share its model calls
 
@@ -87,7 +88,7 @@ class Models:
         them; no session is loaded, so a launcher (serve --ray) can refuse at once what every replica would."""
         bundles = [Bundle(Path(path), threads=threads) for path in paths]
         for bundle in bundles:
-            if bundle.kind not in TTS_KINDS + ASR_KINDS:
+            if bundle.kind not in TTS_KINDS + ASR_KINDS + ("asr-streaming",):
                 raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
             if not force:
                 bundle.require_usable()
@@ -105,6 +106,8 @@ class Models:
         for bundle in cls.check(paths, threads, force, aliases):
             if bundle.kind in TTS_KINDS:
                 runner = open_tts(bundle.path, threads=threads, force=force)
+            elif bundle.kind == "asr-streaming":
+                runner = StreamingModel(bundle, force=force)
             else:
                 runner = Transcriber(bundle, force=force)
             model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import VibeVoiceError
+from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, chunk_segments
 from ..runtime.asr import MAX_NEW_TOKENS, Transcript
 from ..transcription import Segment, parse_transcript, render
 from .codec import decode_upload
@@ -114,7 +115,7 @@ def transcript_text(segments: list[Segment], decoded: str) -> str:
 def respond(transcript: Transcript, request: TranscriptionRequest, fmt: str | None = None):
     """The transcript in the asked shape (or `fmt`): a dict (JSON) or a string (text, srt, vtt)."""
     fmt = fmt or request.response_format
-    text = transcript_text(transcript.segments, transcript.text)
+    text = transcript.readable if transcript.readable is not None else transcript_text(transcript.segments, transcript.text)
     warning = _warning(transcript)
     if fmt in ("srt", "vtt"):
         return render(fmt, transcript.segments, transcript.text, transcript.raw)
@@ -132,7 +133,7 @@ def respond(transcript: Transcript, request: TranscriptionRequest, fmt: str | No
 
 
 def _warning(transcript: Transcript) -> str | None:
-    if not transcript.segments:
+    if not transcript.segments and transcript.readable is None:
         return f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no segments"
     return transcript.note
 
@@ -147,6 +148,8 @@ def _segment(index: int, segment: Segment) -> dict:
 def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int, stream: bool):
     """The worker's job: transcribe; with `stream`, emit (delta, new segments) while tokens decode."""
     model = request.model
+    if model.kind == "asr-streaming":
+        return chunk_job(request, samples, rate, stream)
     decode = model.runner.tokenizer.decode
     segments = SegmentStream()
 
@@ -165,5 +168,98 @@ def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int
         if stream:
             emit(segments.update(transcript.text, final=True))
         return transcript
+
+    return job
+
+
+def chunk_job(request: TranscriptionRequest, samples: np.ndarray, rate: int, stream: bool):
+    """transcribe_job on an ASR-Streaming model: its text comes chunk by chunk (a delta each, with the chunk's
+    segments); `max_new_tokens` caps each chunk's text (at most upstream's 256)."""
+    options = dict(request.options)
+    options["max_tokens_per_chunk"] = min(options.pop("max_new_tokens"), MAX_TOKENS_PER_CHUNK)
+
+    def job(emit):
+        count, speaker = [0], [None]
+
+        def on_chunk(chunk):
+            if not stream:
+                emit(None)  # the heartbeat (see transcribe_job)
+                return
+            segments = chunk_segments(chunk, speaker[0])
+            speaker[0] = chunk.speaker
+            emit((chunk.text, list(enumerate(segments, start=count[0]))))
+            count[0] += len(segments)
+
+        return request.model.runner.transcribe(samples, rate, hotwords=request.prompt, on_chunk=on_chunk, **options)
+
+    return job
+
+
+LIVE_FIELDS = ("model", "context_info", "prompt", "max_tokens", "seed", "mean_latents", "sample_rate", "format")
+PCM_FORMATS = {"f32le": "<f4", "s16le": "<i2"}  # upstream's socket takes float32; arecord's S16_LE too
+
+
+@dataclass
+class LiveRequest:
+    model: ServedModel
+    hotwords: str | None
+    options: dict  # for StreamingTranscriber: seed, mean_latents, max_tokens_per_chunk
+    sample_rate: int
+    dtype: str
+
+    def samples(self, data: bytes) -> np.ndarray:
+        width = np.dtype(self.dtype).itemsize
+        if len(data) % width:
+            raise VibeVoiceError(f"a binary message holds whole {self.dtype} samples: {len(data)} bytes is not a "
+                                 f"multiple of {width}")
+        samples = np.frombuffer(data, self.dtype)
+        return samples.astype(np.float32) / 32768.0 if self.dtype == "<i2" else samples
+
+
+def parse_live(config, models: Models) -> LiveRequest:
+    """The live socket's first message: upstream's /v1/stream keys (context_info, max_tokens) and ours (model,
+    prompt for the hotwords, seed, mean_latents, sample_rate, format). Without `model`, the first ASR-Streaming
+    model served."""
+    if not isinstance(config, dict):
+        raise ApiError(400, "the first message is a JSON object of settings ({} for the defaults)")
+    unknown = sorted(set(config) - set(LIVE_FIELDS))
+    if unknown:
+        raise ApiError(400, f"unknown setting(s) {', '.join(unknown)} (known: {', '.join(LIVE_FIELDS)})", param=unknown[0])
+    name = take(config, "model", str)
+    model = served_model(models, name, "asr") if name else next(
+        (m for m in models.by_id.values() if m.kind == "asr-streaming"), None)
+    if model is None or model.kind != "asr-streaming":
+        raise ApiError(400, f"model '{model.id if model else 'none'}' is not an ASR-Streaming model: live transcription "
+                       "needs one (vibevoice-onnx build on a VibeVoice-ASR-Streaming checkpoint)", param="model")
+    hotwords = take(config, "context_info", str) or take(config, "prompt", str)
+    per_chunk = option({"max_tokens_per_chunk": config.get("max_tokens")}, "max_tokens_per_chunk", MAX_TOKENS_PER_CHUNK)
+    options = {"seed": option(config, "seed"), "mean_latents": take(config, "mean_latents", bool, default=False),
+               "max_tokens_per_chunk": per_chunk}
+    rate = option(config, "sample_rate", model.bundle.streaming_geometry.sample_rate)
+    pcm = take(config, "format", str, default="f32le", choices=tuple(PCM_FORMATS))
+    return LiveRequest(model, hotwords, options, rate, PCM_FORMATS[pcm])
+
+
+def chunk_message(chunk) -> dict:
+    """A chunk as upstream's socket sends it ({"chunk", "text"}), with its span and speaker."""
+    return {"chunk": chunk.index, "text": chunk.text, "start": round(chunk.start, 4), "end": round(chunk.end, 4),
+            "speaker": chunk.speaker}
+
+
+END, CLOSE = "end", "close"
+
+
+def live_job(request: LiveRequest, pieces):
+    """The worker's job for a live socket: a session fed the PCM pieces `pieces` (a queue.Queue) hands it,
+    each chunk emitted as it is decoded; END flushes the tail and returns the session, CLOSE abandons it."""
+
+    def job(emit):
+        session = request.model.runner.session(request.hotwords, **request.options)
+        while (piece := pieces.get()) is not CLOSE:
+            for chunk in session.finish() if piece is END else session.feed(piece, request.sample_rate):
+                emit(chunk)
+            if piece is END:
+                return session
+        return None
 
     return job

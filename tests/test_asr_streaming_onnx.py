@@ -1,0 +1,239 @@
+"""ASR-Streaming without torch, on tiny checkpoints of both variants: build (fp32, int8, int4) with the window
+geometry from the checkpoint and the 1.5B's head from the embedding, verify (the gates recorded, the admission
+rule following them), the ONNX loop against the reference loop token for token, and the interfaces: the
+Python API (fed in pieces), `transcribe --stream` (a file, paced or not, and PCM on standard input) and the
+server (the official openai client's streamed transcription, and upstream's /v1/stream websocket)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+from helpers import KEY, Server
+from test_asr_streaming import speech_samples
+
+VARIANTS = ("1.5b", "7b")
+PER_CHUNK = 6  # tokens per chunk: a random-weight model never ends a chunk by itself
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """{variant: {precision: bundle}} built and verified once, and the checkpoints."""
+    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    root = tmp_path_factory.mktemp("asr-streaming-onnx")
+    built = {}
+    for variant in VARIANTS:
+        checkpoint = root / variant
+        make_checkpoint("asr-streaming", checkpoint, size="tiny", seed=0, variant=variant)
+        built[variant] = {"checkpoint": checkpoint}
+        for precision in ("fp32", "int8", "int4"):
+            bundle = build_bundle(checkpoint, root / f"onnx-{variant}", precision)
+            verify_bundle(bundle, log=lambda message: None)
+            built[variant][precision] = bundle
+    return built
+
+
+def chunks_of(bundle, audio, piece: int, rate: int = 24000, **options):
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+
+    live = StreamingTranscriber(bundle, mean_latents=True, max_tokens_per_chunk=PER_CHUNK, **options)
+    for start in range(0, len(audio), piece):
+        live.feed(audio[start:start + piece], rate)
+    live.finish()
+    return live
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_build_reads_the_geometry_and_the_1_5b_head_is_the_embedding(bundles, variant):
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    bundle = Bundle(bundles[variant]["fp32"])
+    checkpoint = bundles[variant]["checkpoint"]
+    assert bundle.manifest["preprocessor"] == json.loads((checkpoint / "preprocessor_config.json").read_text())
+    assert (bundle.streaming_geometry.chunk_samples, bundle.streaming_geometry.window_samples) == (70400, 83200)
+    (embedding,) = bundle.host_tensors("embed_tokens")
+    hidden = np.random.default_rng(0).standard_normal((2, embedding.shape[1])).astype(np.float32)
+    logits = bundle.session("lm_head").run(None, {"hidden_states": hidden})[0]
+    tied = np.allclose(logits, hidden @ embedding.T, rtol=1e-4, atol=1e-4)
+    assert tied == (variant == "1.5b")  # the 7B keeps its own head; the 1.5B's shipped one is never read
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_verify_records_every_precisions_gates_and_the_admission_rule_follows_them(bundles, variant):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    for precision in ("fp32", "int8", "int4"):
+        record = Bundle(bundles[variant][precision]).manifest["parity"]
+        names = [gate["name"] for gate in record["gates"]]
+        assert "streaming loop, teacher-forced: greedy picks agree" in names
+        assert any("one 26-frame window, cold" in name for name in names)
+        loop = record["streaming_loop"]
+        assert loop["windows"] == 6 and loop["disagreeing_steps"] == []  # the 17.28 s fixture: ceil(N / 70400)
+        if precision != "int4":
+            assert record["passed"], [g for g in record["gates"] if not g["passed"]]
+        if not record["passed"]:
+            with pytest.raises(VibeVoiceError, match="failed"):
+                StreamingTranscriber(bundles[variant][precision])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_onnx_loop_fed_in_pieces_is_the_reference_loop_token_for_token(bundles, variant):
+    """The bundle's loop, fed odd-sized pieces, against the fp32 reference running the shared loop over the
+    whole recording's windows: the same tokens in every chunk."""
+    from vibevoice_onnx.generation.asr_streaming import StreamingSession, split_windows
+    from vibevoice_onnx.reference.asr import load_asr
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    audio = speech_samples()
+    bundle = Bundle(bundles[variant]["fp32"])
+    live = chunks_of(bundle, audio, 7919, hotwords="VibeVoice")
+    reference = StreamingSession(load_asr(bundles[variant]["checkpoint"]), bundle.tokenizer, bundle.streaming_geometry,
+                                 "VibeVoice", None, PER_CHUNK)
+    expected = [reference.chunk(window).tokens for window in split_windows(audio, bundle.streaming_geometry)]
+    assert [c.tokens for c in live.chunks] == expected
+    assert live.text == "".join(c.text for c in live.chunks) and live.seconds == pytest.approx(len(audio) / 24000)
+
+
+def test_the_api_refuses_what_it_cannot_do(bundles, tmp_path):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.runtime.asr import Transcriber
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+
+    bundle = bundles["1.5b"]["fp32"]
+    with pytest.raises(VibeVoiceError, match="ASR-Streaming bundle: transcribe it with --stream"):
+        Transcriber(bundle)
+    live = StreamingTranscriber(bundle, max_tokens_per_chunk=2)
+    live.feed(np.zeros(1000, np.float32), 16000)
+    with pytest.raises(VibeVoiceError, match="sample rate changed mid-session"):
+        live.feed(np.zeros(1000, np.float32), 24000)
+    with pytest.raises(VibeVoiceError, match="NaN"):
+        live.feed(np.full(10, np.nan, np.float32), 16000)
+    assert len(live.finish()) == 1  # 1000 samples at 16 kHz: one padded window
+    with pytest.raises(VibeVoiceError, match="finished"):
+        live.feed(np.zeros(10, np.float32), 16000)
+    with pytest.raises(VibeVoiceError, match="max_tokens_per_chunk"):
+        StreamingTranscriber(bundle, max_tokens_per_chunk=0)
+
+
+def test_iteration_yields_chunks_as_another_thread_feeds(bundles):
+    import threading
+
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+
+    audio = speech_samples()[: 2 * 70400 + 100]
+    live = StreamingTranscriber(bundles["1.5b"]["int8"], mean_latents=True, max_tokens_per_chunk=PER_CHUNK)
+
+    def feed():
+        for start in range(0, len(audio), 24000):
+            live.feed(audio[start:start + 24000], 24000)
+        live.finish()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    seen = [chunk.index for chunk in live]
+    feeder.join()
+    assert seen == [0, 1, 2] and len(live.chunks) == 3
+
+
+def cli(*args: str, stdin: bytes | None = None):
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], input=stdin, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    return done
+
+
+def test_transcribe_stream_prints_each_chunk_from_a_file_and_from_stdin(bundles, tmp_path):
+    bundle = bundles["7b"]["int8"]
+    audio = speech_samples()
+    expected = chunks_of(bundle, audio, 24000)
+    options = ["--stream", "--mean-latents", "--max-tokens-per-chunk", str(PER_CHUNK), "--threads", "1"]
+    done = cli("transcribe", str(bundle), str(tmp_path / "speech.wav"), *options, "--format", "json") \
+        if sf.write(tmp_path / "speech.wav", audio, 24000, subtype="FLOAT") is None else None
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [(l["chunk"], l["text"]) for l in lines] == [(c.index, c.text) for c in expected.chunks]
+    assert lines[1]["start"] == pytest.approx(2.9333, abs=1e-4) and "text" in done.stderr.decode()
+    # standard input: S16_LE at the model's rate, as arecord gives it; the same samples through the API
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    done = cli("transcribe", str(bundle), "-", *options, "--format", "json", stdin=pcm.tobytes())
+    expected = chunks_of(bundle, pcm.astype(np.float32) / 32768.0, 24000)
+    assert [json.loads(line)["text"] for line in done.stdout.decode().splitlines()] == [c.text for c in expected.chunks]
+
+
+def test_realtime_paces_a_file_at_the_speed_of_speech(bundles, tmp_path):
+    clip = tmp_path / "clip.wav"
+    sf.write(clip, speech_samples()[: 3 * 24000], 24000)
+    started = time.monotonic()
+    done = cli("transcribe", "--stream", "--realtime", str(bundles["1.5b"]["int8"]), str(clip), "--max-tokens-per-chunk",
+               "2", "--threads", "1")
+    assert time.monotonic() - started >= 3.0  # the clip's 3 s, however fast the model
+    assert "paced at the speed of speech" in done.stderr.decode() and done.stdout.decode().startswith("[   0.00 -    2.93] ")
+    assert "chunk 1: text" in done.stderr.decode()  # 3 s: a whole chunk, then the rest padded
+
+
+@pytest.fixture(scope="module")
+def server(bundles, tmp_path_factory):
+    pytest.importorskip("fastapi")
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    running = Server([bundles["1.5b"]["int8"], bundles["7b"]["fp32"]], log)
+    yield running
+    assert running.stop() == 0, log.read_text()
+
+
+def test_server_streams_a_transcription_chunk_by_chunk_to_the_openai_client(server, bundles, tmp_path):
+    pytest.importorskip("openai")
+    audio = speech_samples()
+    path = tmp_path / "speech.wav"
+    sf.write(path, audio, 24000, subtype="FLOAT")
+    expected = chunks_of(bundles["1.5b"]["int8"], audio, 24000)
+    model = "vibevoice-asr-streaming-cpu-int8"
+    extra = {"mean_latents": True, "max_new_tokens": PER_CHUNK}
+    with open(path, "rb") as f:
+        events = list(server.client().audio.transcriptions.create(model=model, file=f, stream=True, extra_body=extra))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert deltas == [c.text for c in expected.chunks if c.text]
+    assert events[-1].type == "transcript.text.done" and events[-1].text == expected.text
+    with open(path, "rb") as f:
+        whole = server.client().audio.transcriptions.create(model=model, file=f, response_format="verbose_json",
+                                                            extra_body=extra)
+    assert whole.text == expected.text and whole.segments[0].start == 0.0
+
+
+def test_live_websocket_takes_pcm_frames_and_answers_each_chunk_as_upstreams_does(server, bundles):
+    from websockets.sync.client import connect
+
+    audio = speech_samples()
+    expected = chunks_of(bundles["7b"]["fp32"], audio, 24000)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with connect(f"ws://127.0.0.1:{server.port}/v1/stream", additional_headers=headers) as ws:
+        ws.send(json.dumps({"model": "vibevoice-asr-streaming-cpu-fp32", "max_tokens": PER_CHUNK, "mean_latents": True}))
+        for start in range(0, len(audio), 6000):
+            ws.send(audio[start:start + 6000].astype("<f4").tobytes())
+        first = json.loads(ws.recv(timeout=60))  # a window's text arrives before the audio is over
+        ws.send("end")
+        messages = [first] + [json.loads(ws.recv(timeout=60)) for _ in range(len(expected.chunks))]
+    assert [(m["chunk"], m["text"]) for m in messages[:-1]] == [(c.index, c.text) for c in expected.chunks]
+    assert messages[-1]["done"] and messages[-1]["total_chunks"] == 6 and messages[-1]["text"] == expected.text
+
+
+def test_live_websocket_errors_are_messages(server):
+    from websockets.sync.client import connect
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with connect(f"ws://127.0.0.1:{server.port}/v1/stream", additional_headers=headers) as ws:
+        ws.send(json.dumps({"sample_rate": 16000, "format": "s16le"}))
+        ws.send(b"\x00\x01\x02")  # not whole 16-bit samples
+        error = json.loads(ws.recv(timeout=30))
+    assert error["type"] == "error" and "multiple of 2" in error["error"]["message"]
+    with connect(f"ws://127.0.0.1:{server.port}/v1/stream", additional_headers=headers) as ws:
+        ws.send(json.dumps({"chunk_seconds": 2}))
+        error = json.loads(ws.recv(timeout=30))
+    assert "unknown setting(s) chunk_seconds" in error["error"]["message"]
