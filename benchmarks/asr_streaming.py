@@ -2,15 +2,16 @@
 speech fixture played at the speed of speech, next to the non-streaming ASR loop on the same graphs and audio.
 
     .venv/bin/python benchmarks/asr_streaming.py --variant 1.5b --workdir bench-out/asr-streaming-1.5b \
-        [--precisions int8,int4] [--repeat 3] [--tokens-per-chunk 16]
+        [--precisions int8,int4] [--repeat 3] [--tokens-per-chunk 8,12,16]
 
 Live: the fixture (looped --repeat times) is handed to StreamingTranscriber in 0.1 s pieces as a microphone would
 hand them (a piece is never early; when decoding falls behind, pieces wait and the delay shows). Per chunk: the
 time from the chunk's last sample to its text (the chunk's lookahead, 0.53 s, is part of it: no chunk can be
 decoded before its window is complete) and from the window's last sample (the decoding and any backlog); RTF is
 the decoding time over the audio's. A random-weight model never ends a chunk by itself, so every chunk decodes
---tokens-per-chunk tokens (real speech: about 2.5 words a second, ~10-12 tokens per 2.93 s chunk, plus speaker
-labels). The non-streaming side runs VibeVoice-ASR's loop (generation/asr.py: the whole recording encoded, one
+--tokens-per-chunk tokens, a live run for each count (real speech, facts sheet 12.11: the cache grows about 16
+positions a second, 29 of each 2.93 s chunk's 47 being the window and its chunk end: ~18 text tokens a chunk of
+dense speech, fewer for slow or sparse speech). The non-streaming side runs VibeVoice-ASR's loop (generation/asr.py: the whole recording encoded, one
 prefill, greedy tokens) on the same graphs for the same number of tokens: its text comes after the whole audio.
 Each phase is its own process (its peak RSS its own). Results go to WORKDIR/results.json. Not part of CI.
 """
@@ -95,7 +96,8 @@ def main() -> int:
     parser.add_argument("--checkpoint", help="an existing checkpoint (default: WORKDIR/checkpoint, made if absent)")
     parser.add_argument("--precisions", default="int8,int4")
     parser.add_argument("--repeat", type=int, default=3, help="times the 17.28 s fixture is looped")
-    parser.add_argument("--tokens-per-chunk", type=int, default=16)
+    parser.add_argument("--tokens-per-chunk", type=lambda text: [int(n) for n in text.split(",")], default=[8, 12, 16],
+                        help="a live run for each (comma-separated)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-build", action="store_true", help="reuse WORKDIR's bundles")
     parser.add_argument("--skip-whole", action="store_true", help="no non-streaming comparison")
@@ -117,16 +119,18 @@ def main() -> int:
         parity = json.loads((bundle / "manifest.json").read_text()).get("parity")
         results[f"bundle_{precision}_verified"] = None if parity is None else parity["passed"]
         common = [str(bundle), str(SPEECH), str(args.repeat)]
-        live = run_phase(f"live_{precision}", [sys.executable, "-c", LIVE, *common, str(args.tokens_per_chunk),
-                                               str(args.threads)], results, work)
-        if live.returncode == 0:
-            results[f"live_{precision}"].update(json.loads(live.stdout.strip().splitlines()[-1]))
-            if not args.skip_whole:
-                tokens = round(results[f"live_{precision}"]["chunks"] * results[f"live_{precision}"]["tokens_per_chunk"])
-                whole = run_phase(f"whole_{precision}", [sys.executable, "-c", WHOLE, *common, str(tokens),
-                                                         str(args.threads)], results, work)
-                if whole.returncode == 0:
-                    results[f"whole_{precision}"].update(json.loads(whole.stdout.strip().splitlines()[-1]))
+        for per_chunk in args.tokens_per_chunk:
+            name = f"live_{precision}_{per_chunk}"
+            live = run_phase(name, [sys.executable, "-c", LIVE, *common, str(per_chunk), str(args.threads)], results, work)
+            if live.returncode == 0:
+                results[name].update(json.loads(live.stdout.strip().splitlines()[-1]))
+        live = results.get(f"live_{precision}_{max(args.tokens_per_chunk)}", {})
+        if not args.skip_whole and "chunks" in live:  # as many tokens as the most the live runs decoded
+            whole = run_phase(f"whole_{precision}", [sys.executable, "-c", WHOLE, *common,
+                                                     str(round(live["chunks"] * live["tokens_per_chunk"])), str(args.threads)],
+                              results, work)
+            if whole.returncode == 0:
+                results[f"whole_{precision}"].update(json.loads(whole.stdout.strip().splitlines()[-1]))
         (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0

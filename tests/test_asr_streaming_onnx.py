@@ -78,9 +78,9 @@ def test_verify_records_every_precisions_gates_and_the_admission_rule_follows_th
         assert "streaming loop, teacher-forced: greedy picks agree" in names
         assert any("one 26-frame window, cold" in name for name in names)
         loop = record["streaming_loop"]
-        assert loop["windows"] == 6 and loop["disagreeing_steps"] == []  # the 17.28 s fixture: ceil(N / 70400)
-        if precision != "int4":
-            assert record["passed"], [g for g in record["gates"] if not g["passed"]]
+        assert loop["windows"] == 6  # the 17.28 s fixture: ceil(N / 70400)
+        if precision != "int4":  # int4 is judged (its full-size gates fail, as VibeVoice-ASR's do)
+            assert record["passed"] and loop["disagreeing_steps"] == [], [g for g in record["gates"] if not g["passed"]]
         if not record["passed"]:
             with pytest.raises(VibeVoiceError, match="failed"):
                 StreamingTranscriber(bundles[variant][precision])

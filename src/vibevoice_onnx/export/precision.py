@@ -175,7 +175,15 @@ POLICIES = {
     "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4},
             "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}},
 }
-POLICIES["asr-hf"] = POLICIES["asr-streaming"] = POLICIES["asr"]
+POLICIES["asr-hf"] = POLICIES["asr"]
+# ASR-Streaming encodes every 3.47 s window anew (both encoders, cold), then decodes ~10-20 tokens: on 2 cores of
+# an AMD EPYC (AVX-512 VNNI) the full-size 1.5B int8 bundle with fp32 encoders and ASR's blocks of 32 took 4.2 s
+# a 2.93 s chunk (encoders 2.6 s, 17 LM steps at 79 ms, the head 11 ms a pick). Blocks of 128 and 8-bit encoders
+# (their MatMuls; one window's latents against fp32: cosine 0.99988 and 0.99989): encoders 1.9 s, LM 64 ms a step,
+# head 8.4 ms. Streamed 4-bit LM as ASR's, with the same layer rules for int4-mixed.
+_STREAMING_8BIT = {"lm_head": INT8_WIDE, "acoustic_encoder_stream": INT8_WIDE, "semantic_encoder_stream": INT8_WIDE}
+POLICIES["asr-streaming"] = {"int8": {"lm": INT8_WIDE, **_STREAMING_8BIT}, "int4": {"lm": INT4, **_STREAMING_8BIT},
+                             "int4-mixed": {"lm": POLICIES["asr"]["int4-mixed"]["lm"], **_STREAMING_8BIT}}
 # The fixed-shape realtime profile: its graphs, the same schemes as the default profile's for the same weights.
 POLICIES["realtime-fixed"] = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
                                        "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}

@@ -244,42 +244,25 @@ async def _speech(request: Request, state: _State):
     return StreamingResponse(stream(), media_type=parsed.media_type, headers=headers)
 
 
-async def _speech_socket(websocket: WebSocket, state: _State) -> None:
-    """First a JSON message with the speech fields (no `input` needed), then `input_text.delta` messages and
-    `input_text.done`; binary audio goes back as it decodes, then `audio.done` with the usage."""
-    started, settings = time.perf_counter(), state.settings
+@dataclass
+class _SocketRun:
+    """What a websocket's exchange tells the wrapper around it (see _socket): for the log, and what to stop."""
+    model: str | None = None
+    pump: Pump | None = None
+    audio_seconds: object = lambda: None  # called for the log line once the exchange is over
+
+
+async def _socket(websocket: WebSocket, settings: Settings, route: str, what: str, exchange) -> None:
+    """What every websocket shares: the API key, accept, any failure as an error message and a close code, the
+    generation stopped at the end, one log line. `exchange(run)` does the route's own work."""
+    started = time.perf_counter()
     if not _authorized(websocket.headers, settings):
         await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
         return
     await websocket.accept()
-    pump, model_id, status, generation = None, None, "done", None
+    run, status = _SocketRun(), "done"
     try:
-        first = await with_timeout(websocket.receive_json(), settings.body_timeout)
-        parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, text_required=False)
-        model_id = parsed.model.id
-        if parsed.model.kind != "realtime":
-            raise ApiError(400, f"model '{model_id}' is a {parsed.model.kind} model: text streams into realtime models "
-                           "only", param="model")
-        if len(parsed.voices) != 1:
-            raise ApiError(400, "a streamed text takes one voice", param="voice")
-        try:
-            generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
-                                                         **parsed.options, **parsed.model.batched)
-            if parsed.text:
-                generation.feed(parsed.text)
-        except VibeVoiceError as e:
-            raise ApiError(400, str(e)) from None
-        pump = await state.run(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
-                               on_stop=generation.close)
-        receiver = asyncio.create_task(_receive_text(websocket, generation, settings))
-        try:
-            async for data in pump:
-                await websocket.send_bytes(data)
-        finally:
-            receiver.cancel()
-        await websocket.send_json({"type": "audio.done", "usage": speech_route.usage(parsed.model, generation.text.text,
-                                                                                        generation.result.frames)})
-        await websocket.close()
+        await exchange(run)
     except WebSocketDisconnect:
         status = "client disconnected"
     except ApiError as e:
@@ -290,13 +273,49 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
         await _socket_error(websocket, ApiError(400, str(e)))
     except Exception as e:  # noqa: BLE001 - one bad stream never takes the server down
         status = 500
-        log.exception("speech stream failed")
-        await _socket_error(websocket, ApiError(500, f"generation failed: {e}"))
+        log.exception(f"{what} failed")
+        await _socket_error(websocket, ApiError(500, f"{what} failed: {e}"))
     finally:
-        if pump is not None:
-            pump.stop()
-        log_request("WS", "/v1/audio/speech/stream", model_id, status, time.perf_counter() - started,
-                    generation.audio_seconds if generation is not None else None)
+        if run.pump is not None:
+            run.pump.stop()
+        log_request("WS", route, run.model, status, time.perf_counter() - started, run.audio_seconds())
+
+
+async def _speech_socket(websocket: WebSocket, state: _State) -> None:
+    """First a JSON message with the speech fields (no `input` needed), then `input_text.delta` messages and
+    `input_text.done`; binary audio goes back as it decodes, then `audio.done` with the usage."""
+    settings = state.settings
+
+    async def exchange(run: _SocketRun) -> None:
+        first = await with_timeout(websocket.receive_json(), settings.body_timeout)
+        parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, text_required=False)
+        run.model = parsed.model.id
+        if parsed.model.kind != "realtime":
+            raise ApiError(400, f"model '{run.model}' is a {parsed.model.kind} model: text streams into realtime models "
+                           "only", param="model")
+        if len(parsed.voices) != 1:
+            raise ApiError(400, "a streamed text takes one voice", param="voice")
+        try:
+            generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
+                                                         **parsed.options, **parsed.model.batched)
+            if parsed.text:
+                generation.feed(parsed.text)
+        except VibeVoiceError as e:
+            raise ApiError(400, str(e)) from None
+        run.audio_seconds = lambda: generation.audio_seconds
+        run.pump = await state.run(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
+                                   on_stop=generation.close)
+        receiver = asyncio.create_task(_receive_text(websocket, generation, settings))
+        try:
+            async for data in run.pump:
+                await websocket.send_bytes(data)
+        finally:
+            receiver.cancel()
+        await websocket.send_json({"type": "audio.done", "usage": speech_route.usage(parsed.model, generation.text.text,
+                                                                                        generation.result.frames)})
+        await websocket.close()
+
+    await _socket(websocket, settings, "/v1/audio/speech/stream", "generation", exchange)
 
 
 async def _receive_text(websocket: WebSocket, generation, settings: Settings) -> None:
@@ -335,43 +354,27 @@ async def _live_socket(websocket: WebSocket, state: _State) -> None:
     brings {"done": true, "total_chunks", "text", "segments"}. The session holds a generation slot throughout."""
     import queue
 
-    started, settings = time.perf_counter(), state.settings
-    if not _authorized(websocket.headers, settings):
-        await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
-        return
-    await websocket.accept()
-    pump, model_id, status, pieces = None, None, "done", queue.Queue()
-    try:
+    settings, pieces = state.settings, queue.Queue()
+
+    async def exchange(run: _SocketRun) -> None:
         parsed = asr_route.parse_live(await with_timeout(websocket.receive_json(), settings.body_timeout), state.models)
-        model_id = parsed.model.id
-        pump = await state.run(asr_route.live_job(parsed, pieces), on_stop=lambda: pieces.put(asr_route.CLOSE))
+        run.model = parsed.model.id
+        run.pump = await state.run(asr_route.live_job(parsed, pieces), on_stop=lambda: pieces.put(asr_route.CLOSE))
         receiver = asyncio.create_task(_receive_pcm(websocket, parsed, pieces, settings))
         try:
-            async for chunk in pump:
+            async for chunk in run.pump:
                 await websocket.send_json(asr_route.chunk_message(chunk))
         finally:
             receiver.cancel()
-        if pump.result is not None:
-            transcript = pump.result.transcript()
-            await websocket.send_json({"done": True, "total_chunks": len(pump.result.chunks), "text": transcript.text,
+        if run.pump.result is not None:
+            session = run.pump.result
+            run.audio_seconds = lambda: session.seconds
+            transcript = session.transcript()
+            await websocket.send_json({"done": True, "total_chunks": len(session.chunks), "text": transcript.text,
                                        "segments": [asdict(s) for s in transcript.segments]})
             await websocket.close()
-    except WebSocketDisconnect:
-        status = "client disconnected"
-    except ApiError as e:
-        status = e.status
-        await _socket_error(websocket, e)
-    except VibeVoiceError as e:
-        status = 400
-        await _socket_error(websocket, ApiError(400, str(e)))
-    except Exception as e:  # noqa: BLE001 - one bad session never takes the server down
-        status = 500
-        log.exception("live transcription failed")
-        await _socket_error(websocket, ApiError(500, f"transcription failed: {e}"))
-    finally:
-        if pump is not None:
-            pump.stop()
-        log_request("WS", "/v1/stream", model_id, status, time.perf_counter() - started)
+
+    await _socket(websocket, settings, "/v1/stream", "transcription", exchange)
 
 
 async def _receive_pcm(websocket: WebSocket, parsed, pieces, settings: Settings) -> None:

@@ -75,25 +75,33 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     prompt, stops = build_asr_prompt(tokenizer, len(samples)), stop_ids(tokenizer)
     ours = run_transcription(runtime, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
     theirs = forced_logits(reference, prompt, audio_embeddings(reference, samples, None), ours.tokens)
-    agree = greedy_agreement(ours.tokens, theirs)
+    setting = (f"{len(ours.tokens)} greedy tokens ({ours.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
+               "encoder means")
+    gates, info = forced_gates("closed loop", "step", ours.tokens, ours.logits, theirs, limits, setting)
+    return gates, {**info, "prompt_tokens": len(prompt.ids), "audio_tokens": len(prompt.audio_positions)}
+
+
+def forced_gates(loop: str, step: str, tokens: list[int], ours: list[np.ndarray], theirs: np.ndarray, limits: Limits,
+                 setting: str) -> tuple[list[Gate], dict]:
+    """The runtime's greedy `tokens` and their logits `ours` against the reference's logits for the same steps
+    (teacher-forced): every step whose reference top-2 margin clears the precision's decision floor must pick
+    the same token, and the logits must keep the precision's cosine."""
     top2 = np.sort(theirs, axis=1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
-    logit_cos = min((cosine(a, b) for a, b in zip(ours.logits, theirs)), default=0.0)
-    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits, theirs)), default=0.0)
     clear = [i for i, margin in enumerate(margins) if margin > limits.decision_floor]
     picks = theirs.argmax(axis=1)
-    disagree = [i for i in clear if picks[i] != ours.tokens[i]]
-    detail = (f"{len(ours.tokens)} greedy tokens ({ours.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
-              f"encoder means; {len(clear)} of {len(margins)} steps clear of the {limits.decision_floor} margin floor, "
-              f"{len(disagree)} disagree{' (steps ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
-              f"the reference's greedy pick agrees on the first {agree}; smallest top-2 logit margin "
-              f"{float(margins.min(initial=np.inf)):.3g}")
-    gates = [Gate("closed loop, teacher-forced: greedy picks agree", None, diff, not disagree, detail),
-             Gate("closed loop, teacher-forced: per-step logits min cosine", logit_cos, diff,
+    disagree = [i for i in clear if picks[i] != tokens[i]]
+    logit_cos = min((cosine(a, b) for a, b in zip(ours, theirs)), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours, theirs)), default=0.0)
+    agree, smallest = greedy_agreement(tokens, theirs), float(margins.min(initial=np.inf))
+    detail = (f"{setting}; {len(clear)} of {len(margins)} {step}s clear of the {limits.decision_floor} margin floor, "
+              f"{len(disagree)} disagree{f' ({step}s ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
+              f"the reference's greedy pick agrees on the first {agree}; smallest top-2 logit margin {smallest:.3g}")
+    gates = [Gate(f"{loop}, teacher-forced: greedy picks agree", None, diff, not disagree, detail),
+             Gate(f"{loop}, teacher-forced: per-{step} logits min cosine", logit_cos, diff,
                   logit_cos >= limits.forced_condition, detail)]
-    return gates, {"tokens": len(ours.tokens), "agreeing_prefix": agree, "decided_steps": len(clear),
-                   "disagreeing_steps": disagree, "smallest_margin": float(margins.min(initial=np.inf)),
-                   "prompt_tokens": len(prompt.ids), "audio_tokens": len(prompt.audio_positions)}
+    return gates, {"tokens": len(tokens), "agreeing_prefix": agree, "decided_steps": len(clear),
+                   "disagreeing_steps": disagree, "smallest_margin": smallest}
 
 
 BATCH_GATE_CLIPS = ((0.0, 1.0), (0.0, 0.45), (0.3, 0.8))  # (start, end) of the clip: other lengths and audio

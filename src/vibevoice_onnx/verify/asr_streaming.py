@@ -14,8 +14,8 @@ import numpy as np
 from ..generation.asr_streaming import StreamingSession, forced_logits, split_windows
 from ..runtime.asr import OnnxAsrBackend
 from ..runtime.bundle import Bundle
-from .asr import graph_gates, load_reference, verification_audio
-from .common import Gate, Limits, compare, cosine
+from .asr import forced_gates, graph_gates, load_reference, verification_audio
+from .common import Gate, Limits, compare
 
 TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B reference on a CPU
 
@@ -35,27 +35,12 @@ def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: 
     session = StreamingSession(runtime, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
     chunks = [session.chunk(window) for window in windows]
     theirs = forced_logits(reference, tokenizer, geometry, windows, chunks)
-    ours_logits, their_logits = np.concatenate([np.stack(c.logits) for c in chunks]), np.concatenate(theirs)
     tokens = [t for c in chunks for t in c.tokens]
-    top2 = np.sort(their_logits, axis=1)[:, -2:]
-    margins = top2[:, 1] - top2[:, 0]
-    clear = [i for i, margin in enumerate(margins) if margin > limits.decision_floor]
-    picks = their_logits.argmax(axis=1)
-    disagree = [i for i in clear if picks[i] != tokens[i]]
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, picks)) if a != b), len(tokens))
-    logit_cos = min(cosine(a, b) for a, b in zip(ours_logits, their_logits))
-    diff = float(np.abs(ours_logits - their_logits).max())
-    detail = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens "
-              f"(at most {TOKENS_PER_CHUNK} a chunk), encoder means; {len(clear)} of {len(tokens)} picks clear of the "
-              f"{limits.decision_floor} margin floor, {len(disagree)} disagree"
-              f"{' (picks ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; the reference agrees on the "
-              f"first {agree}; smallest top-2 logit margin {float(margins.min()):.3g}")
-    gates = [Gate("streaming loop, teacher-forced: greedy picks agree", None, diff, not disagree, detail),
-             Gate("streaming loop, teacher-forced: per-pick logits min cosine", logit_cos, diff,
-                  logit_cos >= limits.forced_condition, detail)]
-    return gates, {"windows": len(windows), "tokens": len(tokens), "agreeing_prefix": agree,
-                   "decided_steps": len(clear), "disagreeing_steps": disagree, "smallest_margin": float(margins.min()),
-                   "chunk_stops": [c.stop_reason for c in chunks]}
+    setting = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens (at most "
+               f"{TOKENS_PER_CHUNK} a chunk), encoder means")
+    gates, info = forced_gates("streaming loop", "pick", tokens, [l for c in chunks for l in c.logits],
+                               np.concatenate(theirs), limits, setting)
+    return gates, {**info, "windows": len(windows), "chunk_stops": [c.stop_reason for c in chunks]}
 
 
 def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
