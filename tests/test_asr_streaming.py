@@ -205,4 +205,29 @@ def test_audio_fed_in_pieces_gives_the_windows_of_the_whole(streaming_checkpoint
     fed += feeder.finish()
     whole = list(split_windows(audio, geometry))
     assert len(fed) == len(whole) == -(-len(audio) // geometry.chunk_samples)
-    assert all(np.array_equal(a, b) for a, b in zip(fed, whole))
+    assert all(np.array_equal(a, b) and means is None for (a, means), b in zip(fed, whole))
+
+
+def test_windows_encoded_as_they_arrive_equal_each_window_encoded_whole(streaming_checkpoints):
+    """Both encoders fed each window's whole frames as pieces arrive (two windows in flight over the lookahead),
+    cold at each window's start, against each complete window encoded at once."""
+    import numpy as np
+
+    from vibevoice_onnx.checkpoints.configs import streaming_geometry
+    from vibevoice_onnx.generation.asr_streaming import WindowFeeder, pad_window
+    from vibevoice_onnx.reference.asr import load_asr
+
+    root = streaming_checkpoints / "7b"
+    geometry = streaming_geometry(json.loads((root / "preprocessor_config.json").read_text()))
+    reference = load_asr(root)
+    audio = speech_samples()[: 2 * geometry.chunk_samples + 20000]
+    feeder, fed = WindowFeeder(geometry, reference), []
+    for piece in np.array_split(audio, 23):
+        fed += feeder.feed(piece)
+    fed += feeder.finish()
+    assert len(fed) == 3 and all(means is not None for _, means in fed)
+    for window, means in fed:
+        whole = reference.encode(pad_window(window, geometry)[None, None])
+        for ours, theirs in zip(means, whole):
+            assert ours.shape == theirs.shape == (1, 26, ours.shape[-1])
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)

@@ -34,6 +34,7 @@ CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT = ("<|text_chunk_end|>", "<|obj
 RESIDUAL_SPECIALS = ("<|text_chunk_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
                      "<|speech_start|>", "<|speech_end|>", "<|speech_pad|>")
 MAX_TOKENS_PER_CHUNK = 256  # upstream's default
+ENCODE_FRAMES = 2  # a window is encoded as it arrives in segments of this many frames (0.27 s)
 SPEAKER = re.compile(r"Speaker\s+(\d+)\s*:")
 
 
@@ -114,10 +115,11 @@ class StreamingSession:
             raise VibeVoiceError(f"the session would outgrow the model's {self.max_positions} positions after "
                                  f"{self.chunks} chunks ({minutes:.1f} min of audio); start a new session")
 
-    def chunk(self, window: np.ndarray) -> ChunkResult:
+    def chunk(self, window: np.ndarray, means: tuple[np.ndarray, np.ndarray] | None = None) -> ChunkResult:
+        """`means`: the window's encoder means when they were computed as it arrived (WindowEncoder)."""
         ids, backend, started = self.ids, self.backend, time.perf_counter()
         self.check_room()
-        features = window_features(backend, window, self.geometry, self.rng)
+        features = window_features(backend, window, self.geometry, self.rng, means)
         hidden = self.stream.step(np.concatenate([self.pending, window_embeds(backend, ids, features)], axis=1))[:, -1]
         seconds = self.geometry.chunk_samples / self.geometry.sample_rate
         result = ChunkResult(self.chunks, self.chunks * seconds, (self.chunks + 1) * seconds, "", None)
@@ -146,10 +148,37 @@ class StreamingSession:
 
 
 def window_features(backend: AsrBackend, window: np.ndarray, geometry: StreamingGeometry,
-                    rng: np.random.Generator | None) -> np.ndarray:
-    """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs."""
-    acoustic, semantic = backend.encode(pad_window(np.asarray(window, np.float32), geometry)[None, None])
+                    rng: np.random.Generator | None, means: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """The window encoded cold: [1, frames, H], the connectors' sum of both encoders' outputs (of `means`, the
+    encoders' outputs, where they are already known)."""
+    acoustic, semantic = means or backend.encode(pad_window(np.asarray(window, np.float32), geometry)[None, None])
     return backend.connect(acoustic_sample(acoustic, backend.acoustic_std, rng), semantic)
+
+
+class WindowEncoder:
+    """One window's encoder means computed while its samples arrive: its whole frames through both encoders'
+    streaming graphs, their conv states cold at the window's start. The encoders are causal, so this equals
+    encoding the complete window at once (verify gates it), and a window's text then waits only for its last
+    frames to be encoded, not all 26."""
+
+    def __init__(self, backend: AsrBackend, geometry: StreamingGeometry):
+        self.step, self.geometry, self.encoded, self.parts = backend.encoder_stream(), geometry, 0, []
+
+    def advance(self, samples: np.ndarray, last: bool = False) -> None:
+        """`samples`: the window's samples so far; the whole segments of ENCODE_FRAMES among them not yet
+        encoded are (`last`: the rest too). Segments lie on a grid from the window's start, so the means are
+        the same however the audio was cut into pieces (8-bit graphs round a call's activations together)."""
+        size = ENCODE_FRAMES * self.geometry.hop
+        available = min(len(samples), self.geometry.window_samples)
+        ready = available if last else available // size * size
+        for start in range(self.encoded, ready, size):
+            self.parts.append(self.step(np.asarray(samples[start:min(start + size, ready)], np.float32)[None, None]))
+        self.encoded = max(self.encoded, ready)
+
+    def means(self, window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The complete window's means (zero-padded to a whole window, as the loop pads its last)."""
+        self.advance(pad_window(window, self.geometry), last=True)
+        return tuple(np.concatenate(parts, axis=1) for parts in zip(*self.parts))
 
 
 def window_embeds(backend: AsrBackend, ids: StreamingTokens, features: np.ndarray) -> np.ndarray:
@@ -204,20 +233,40 @@ def clean_text(text: str) -> str:
 
 class WindowFeeder:
     """Audio arriving in pieces, cut into the windows `split_windows` cuts from the whole: a window as soon as
-    the buffer holds one (then a chunk's samples are dropped, the lookahead kept), the rest at `finish`."""
+    the buffer holds one (then a chunk's samples are dropped, the lookahead kept), the rest at `finish`. Each
+    comes with its encoder means, computed as its samples arrived (WindowEncoder), when the feeder has a
+    `backend`, else None."""
 
-    def __init__(self, geometry: StreamingGeometry):
-        self.geometry, self.buffer = geometry, np.zeros(0, np.float32)
+    def __init__(self, geometry: StreamingGeometry, backend: AsrBackend | None = None):
+        self.geometry, self.backend, self.buffer = geometry, backend, np.zeros(0, np.float32)
+        self.open: list[WindowEncoder] = []  # the windows begun in the buffer, at offsets 0, chunk, ...
 
-    def feed(self, samples: np.ndarray) -> list[np.ndarray]:
+    def feed(self, samples: np.ndarray) -> list[tuple[np.ndarray, tuple | None]]:
         self.buffer = np.concatenate([self.buffer, np.asarray(samples, np.float32).reshape(-1)])
         windows = []
         while len(self.buffer) >= self.geometry.window_samples:
-            windows.append(self.buffer[:self.geometry.window_samples].copy())
+            window = self.buffer[:self.geometry.window_samples].copy()
+            windows.append((window, self._means(window)))
             self.buffer = self.buffer[self.geometry.chunk_samples:]
+        if self.backend is not None:  # the begun windows' frames so far, after the complete ones' text
+            for index, start in enumerate(range(0, len(self.buffer), self.geometry.chunk_samples)):
+                self._encoder(index).advance(self.buffer[start:start + self.geometry.window_samples])
         return windows
 
-    def finish(self) -> list[np.ndarray]:
+    def finish(self) -> list[tuple[np.ndarray, tuple | None]]:
         """What is left (the kept lookahead and any partial chunk), windowed and padded; none if nothing came."""
         rest, self.buffer = self.buffer, np.zeros(0, np.float32)
-        return list(split_windows(rest, self.geometry)) if len(rest) else []
+        return [(window, self._means(window)) for window in split_windows(rest, self.geometry)] if len(rest) else []
+
+    def _encoder(self, index: int) -> WindowEncoder:
+        while len(self.open) <= index:
+            self.open.append(WindowEncoder(self.backend, self.geometry))
+        return self.open[index]
+
+    def _means(self, window: np.ndarray) -> tuple | None:
+        """The oldest begun window's means (it is `window`), and it is no longer open."""
+        if self.backend is None:
+            return None
+        means = self._encoder(0).means(window)
+        self.open.pop(0)
+        return means

@@ -56,7 +56,7 @@ class StreamingTranscriber:
         rng = None if mean_latents else np.random.default_rng(seed)
         self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
                                         rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
-        self.feeder, self.resampler, self.rate = WindowFeeder(self.geometry), None, None
+        self.feeder, self.resampler, self.rate = WindowFeeder(self.geometry, self.session.backend), None, None
         self.chunks: list[ChunkResult] = []
         self.finished, self.samples = False, 0
         self._lock, self._ready = threading.Lock(), threading.Condition()
@@ -84,10 +84,9 @@ class StreamingTranscriber:
         with self._lock:
             if self.finished:
                 return []
-            if self.resampler is not None:
-                self.feeder.buffer = np.concatenate([self.feeder.buffer, self._flush_resampler()])
+            tail = self.feeder.feed(self._flush_resampler()) if self.resampler is not None else []
             try:
-                return self._decode(self.feeder.finish())
+                return self._decode(tail + self.feeder.finish())
             finally:
                 with self._ready:
                     self.finished = True
@@ -120,10 +119,10 @@ class StreamingTranscriber:
                           {"decode_seconds": decode_seconds, "chunks": len(self.chunks),
                            "tokens_per_second": len(tokens) / max(decode_seconds, 1e-9)}, readable=self.text)
 
-    def _decode(self, windows: list[np.ndarray]) -> list[ChunkResult]:
+    def _decode(self, windows: list[tuple[np.ndarray, tuple]]) -> list[ChunkResult]:
         fresh = []
-        for window in windows:
-            chunk = self.session.chunk(window)
+        for window, means in windows:
+            chunk = self.session.chunk(window, means)
             fresh.append(chunk)
             with self._ready:
                 self.chunks.append(chunk)

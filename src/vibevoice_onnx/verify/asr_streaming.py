@@ -11,29 +11,47 @@ from pathlib import Path
 
 import numpy as np
 
-from ..generation.asr_streaming import StreamingSession, forced_logits, split_windows
-from ..runtime.asr import OnnxAsrBackend
+from ..generation.asr_streaming import StreamingSession, WindowFeeder, forced_logits, pad_window, split_windows
+from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from .asr import forced_gates, graph_gates, load_reference, verification_audio
-from .common import Gate, Limits, compare
+from .common import BATCHED_MIN_COSINE, Gate, Limits, compare
 
 TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B reference on a CPU
 
 
-def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, window: np.ndarray, limit: float) -> list[Gate]:
-    audio = window[None, None]
-    return [compare(f"{name} (one {bundle.streaming_geometry.window_frames}-frame window, cold)", [ours], [theirs],
-                    min_cosine=limit)
-            for name, ours, theirs in zip(("acoustic_encoder_stream", "semantic_encoder_stream"), runtime.encode(audio),
-                                          reference.encode(audio))]
+def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: float) -> list[Gate]:
+    """Both encoders over the first window, cold, against the reference's; and the runtime's path (each window
+    encoded frame by frame as its audio arrives, two windows in flight over the lookahead) against each window
+    encoded whole by the same graphs: a new path, so nothing may change."""
+    geometry = bundle.streaming_geometry
+    audio = next(split_windows(samples, geometry))[None, None]
+    gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], min_cosine=limit)
+             for name, ours, theirs in zip(ENCODERS, runtime.encode(audio), reference.encode(audio))]
+    fed = arriving(runtime, geometry, samples[:2 * geometry.chunk_samples + 12345])
+    for i, name in enumerate(ENCODERS):
+        ours = [means[i] for _, means in fed]
+        whole = [runtime.encode(pad_window(window, geometry)[None, None])[i] for window, _ in fed]
+        gates.append(compare(f"{name}: {len(fed)} windows encoded as they arrive == each whole", ours, whole,
+                             min_cosine=BATCHED_MIN_COSINE))
+    return gates
+
+
+def arriving(runtime: OnnxAsrBackend, geometry, samples: np.ndarray, pieces: int = 29) -> list[tuple]:
+    """The windows of `samples` with their means, the audio handed over in `pieces` pieces of odd sizes."""
+    feeder, fed = WindowFeeder(geometry, runtime), []
+    for piece in np.array_split(samples, pieces):
+        fed += feeder.feed(piece)
+    return fed + feeder.finish()
 
 
 def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray,
                    limits: Limits) -> tuple[list[Gate], dict]:
     geometry, tokenizer = bundle.streaming_geometry, bundle.tokenizer
-    windows = list(split_windows(samples, geometry))
+    fed = arriving(runtime, geometry, samples)  # the runtime's own path: windows encoded as the audio arrives
+    windows = [window for window, _ in fed]
     session = StreamingSession(runtime, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
-    chunks = [session.chunk(window) for window in windows]
+    chunks = [session.chunk(window, means) for window, means in fed]
     theirs = forced_logits(reference, tokenizer, geometry, windows, chunks)
     tokens = [t for c in chunks for t in c.tokens]
     setting = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens (at most "
@@ -48,9 +66,8 @@ def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: 
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")
     samples, source = verification_audio(voice, None, normalize=bundle.streaming_geometry.normalize_audio)
-    windows = list(split_windows(samples, bundle.streaming_geometry))
-    gates = graph_gates(bundle, reference, runtime, limits.graph) + window_gates(bundle, reference, runtime,
-                                                                                 windows[0], limits.graph)
-    log(f"  streaming loop: {len(windows)} windows, runtime vs reference")
+    gates = graph_gates(bundle, reference, runtime, limits.graph) + window_gates(bundle, reference, runtime, samples,
+                                                                                 limits.graph)
+    log(f"  streaming loop: {bundle.streaming_geometry.windows(len(samples))} windows, runtime vs reference")
     loop, info = streaming_loop(bundle, reference, runtime, samples, limits)
     return gates + loop, {"streaming_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}
