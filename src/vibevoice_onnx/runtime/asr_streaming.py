@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..options import check
-from ..generation.asr_streaming import (MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder,
-                                        chunk_segments)
+from ..generation.asr_streaming import (ENCODE_AHEAD_FRAMES, MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession,
+                                        WindowFeeder, chunk_segments)
 from .asr import OnnxAsrBackend, Transcript
 from .bundle import Bundle
 
@@ -45,18 +45,26 @@ def open_streaming_bundle(bundle: Bundle | str | Path, threads: int | None = Non
 class StreamingTranscriber:
     """One live transcription session on an ASR-Streaming bundle (onnxruntime + numpy only). A Bundle object
     may be shared by many sessions: its graphs are opened once. `seed` seeds upstream's acoustic noise (random
-    without it); `mean_latents` uses the encoder means instead (deterministic)."""
+    without it); `mean_latents` uses the encoder means instead (deterministic). `encode_ahead=N`: encode each
+    window while its audio arrives, N frames at a time, so its text comes sooner after its last sample, at the
+    cost of more work (generation.asr_streaming.ENCODE_AHEAD_FRAMES says how much); by default each window is
+    encoded once complete, the least work, which keeps up with the most speech where cores are few."""
 
     def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
                  mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
-                 threads: int | None = None, force: bool = False):
+                 threads: int | None = None, force: bool = False, encode_ahead: int | None = None):
         check("max_tokens_per_chunk", max_tokens_per_chunk)
         self.bundle = open_streaming_bundle(bundle, threads, force)
         self.geometry = self.bundle.streaming_geometry
         rng = None if mean_latents else np.random.default_rng(seed)
         self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
                                         rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
-        self.feeder, self.resampler, self.rate = WindowFeeder(self.geometry, self.session.backend), None, None
+        if encode_ahead is not None and not 1 <= encode_ahead < self.geometry.window_frames:
+            raise VibeVoiceError(f"encode_ahead is a number of frames from 1 to {self.geometry.window_frames - 1}, "
+                                 f"got {encode_ahead}")
+        encoder = self.session.backend if encode_ahead else None
+        self.feeder = WindowFeeder(self.geometry, encoder, encode_ahead or ENCODE_AHEAD_FRAMES)
+        self.resampler, self.rate = None, None
         self.chunks: list[ChunkResult] = []
         self.finished, self.samples = False, 0
         self._lock, self._ready = threading.Lock(), threading.Condition()

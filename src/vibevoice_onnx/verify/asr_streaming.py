@@ -21,9 +21,9 @@ TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B r
 
 
 def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: float) -> list[Gate]:
-    """Both encoders over the first window, cold, against the reference's; and the runtime's path (each window
-    encoded frame by frame as its audio arrives, two windows in flight over the lookahead) against each window
-    encoded whole by the same graphs: a new path, so nothing may change."""
+    """Both encoders over the first window, cold, against the reference's; and StreamingTranscriber's
+    `encode_ahead` path (each window encoded segment by segment as its audio arrives, two windows in flight over
+    the lookahead) against each window encoded whole by the same graphs: a new path, so nothing may change."""
     geometry = bundle.streaming_geometry
     audio = next(split_windows(samples, geometry))[None, None]
     gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], min_cosine=limit)
@@ -48,10 +48,9 @@ def arriving(runtime: OnnxAsrBackend, geometry, samples: np.ndarray, pieces: int
 def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray,
                    limits: Limits) -> tuple[list[Gate], dict]:
     geometry, tokenizer = bundle.streaming_geometry, bundle.tokenizer
-    fed = arriving(runtime, geometry, samples)  # the runtime's own path: windows encoded as the audio arrives
-    windows = [window for window, _ in fed]
+    windows = list(split_windows(samples, geometry))
     session = StreamingSession(runtime, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
-    chunks = [session.chunk(window, means) for window, means in fed]
+    chunks = [session.chunk(window) for window in windows]
     theirs = forced_logits(reference, tokenizer, geometry, windows, chunks)
     tokens = [t for c in chunks for t in c.tokens]
     setting = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens (at most "
