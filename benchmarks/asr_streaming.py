@@ -35,10 +35,11 @@ import numpy as np
 from vibevoice_onnx.audio import read_audio
 from vibevoice_onnx.runtime.asr_streaming import PIECE_SECONDS, StreamingTranscriber
 from vibevoice_onnx.runtime.bundle import share_threads
-bundle, audio, repeat, per_chunk, threads = sys.argv[1:]
+bundle, audio, repeat, per_chunk, threads, ahead = sys.argv[1:]
 share_threads(int(threads))  # as transcribe --stream runs it: one onnxruntime pool for every session
 samples = np.tile(read_audio(audio)[0], int(repeat))
 live = StreamingTranscriber(bundle, max_tokens_per_chunk=int(per_chunk), seed=0,
+                            encode_ahead=None if ahead == "default" else int(ahead),
                             force=True)  # timed whatever its gates said (results.json says)
 geometry, rate = live.geometry, live.geometry.sample_rate
 step, after_window, busy, started = int(PIECE_SECONDS * rate), [], 0.0, time.monotonic()
@@ -108,6 +109,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-build", action="store_true", help="reuse WORKDIR's bundles")
     parser.add_argument("--skip-whole", action="store_true", help="no non-streaming comparison")
+    parser.add_argument("--encode-ahead", type=int, help="StreamingTranscriber's encode_ahead (frames a segment; 0: "
+                        "each window encoded once complete; default: its own)")
     args = parser.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -128,7 +131,8 @@ def main() -> int:
         common = [str(bundle), str(SPEECH), str(args.repeat)]
         for per_chunk in args.tokens_per_chunk:
             name = f"live_{precision}_{per_chunk}"
-            live = run_phase(name, [sys.executable, "-c", LIVE, *common, str(per_chunk), str(args.threads)], results, work)
+            live = run_phase(name, [sys.executable, "-c", LIVE, *common, str(per_chunk), str(args.threads),
+                                    "default" if args.encode_ahead is None else str(args.encode_ahead)], results, work)
             if live.returncode == 0:
                 results[name].update(json.loads(live.stdout.strip().splitlines()[-1]))
         live = results.get(f"live_{precision}_{max(args.tokens_per_chunk)}", {})

@@ -88,8 +88,9 @@ def test_verify_records_every_precisions_gates_and_the_admission_rule_follows_th
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_onnx_loop_fed_in_pieces_is_the_reference_loop_token_for_token(bundles, variant):
-    """The bundle's loop, fed odd-sized pieces (the 7B's windows encoded as they arrive), against the fp32
-    reference running the shared loop over the whole recording's windows: the same tokens in every chunk."""
+    """The bundle's loop, fed odd-sized pieces (windows encoded as they arrive: split at the chunk's end by
+    default, the 7B's in 6-frame segments, or whole), against the fp32 reference running the shared loop over
+    the whole recording's windows: the same tokens in every chunk."""
     from vibevoice_onnx.generation.asr_streaming import StreamingSession, split_windows
     from vibevoice_onnx.reference.asr import load_asr
     from vibevoice_onnx.runtime.bundle import Bundle
@@ -97,10 +98,11 @@ def test_onnx_loop_fed_in_pieces_is_the_reference_loop_token_for_token(bundles, 
     audio = speech_samples()
     bundle = Bundle(bundles[variant]["fp32"])
     live = chunks_of(bundle, audio, 7919, hotwords="VibeVoice", encode_ahead=6 if variant == "7b" else None)
+    whole = chunks_of(bundle, audio, 7919, hotwords="VibeVoice", encode_ahead=0)  # each window encoded complete
     reference = StreamingSession(load_asr(bundles[variant]["checkpoint"]), bundle.tokenizer, bundle.streaming_geometry,
                                  "VibeVoice", None, PER_CHUNK)
     expected = [reference.chunk(window).tokens for window in split_windows(audio, bundle.streaming_geometry)]
-    assert [c.tokens for c in live.chunks] == expected
+    assert [c.tokens for c in live.chunks] == [c.tokens for c in whole.chunks] == expected
     assert live.text == "".join(c.text for c in live.chunks) and live.seconds == pytest.approx(len(audio) / 24000)
 
 
@@ -123,7 +125,7 @@ def test_the_api_refuses_what_it_cannot_do(bundles, tmp_path):
         live.feed(np.zeros(10, np.float32), 16000)
     with pytest.raises(VibeVoiceError, match="max_tokens_per_chunk"):
         StreamingTranscriber(bundle, max_tokens_per_chunk=0)
-    with pytest.raises(VibeVoiceError, match="encode_ahead is a number of frames from 1 to 25"):
+    with pytest.raises(VibeVoiceError, match="encode_ahead is a number of frames from 0 to 25"):
         StreamingTranscriber(bundle, encode_ahead=26)
 
 

@@ -34,12 +34,13 @@ CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT = ("<|text_chunk_end|>", "<|obj
 RESIDUAL_SPECIALS = ("<|text_chunk_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
                      "<|speech_start|>", "<|speech_end|>", "<|speech_pad|>")
 MAX_TOKENS_PER_CHUNK = 256  # upstream's default
-# `encode_ahead`: a window encoded while its audio arrives, in segments of this many frames, so that its text waits
-# only for the frames after its last whole segment. It costs work: on the full-size 1.5B int8 bundle on 2 cores,
-# a chunk (8 text tokens) took 2.17 s of work with each window encoded once complete, 2.40 s in segments of 13
-# frames and 2.73 s in segments of 6 (each segment call carries the encoders' states): where the cores are
-# scarce, encoding each window once keeps up with more speech.
-ENCODE_AHEAD_FRAMES = 6
+# ENCODE_AHEAD: a window encoded while its audio arrives, in segments of N frames, so that its text waits only for
+# the frames after its last whole segment. Live on the full-size 1.5B int8 bundle on 2 cores (8 text tokens a
+# chunk): the whole window encoded once complete, 2.71 s of work a 2.93 s chunk and the text 3.41 s after the
+# chunk's last sample (median); in segments of 6 frames 2.98 s of work (each segment call carries the encoders'
+# states), falling behind; in two segments split at the chunk's end (the runtime's default: the chunk encoded
+# while its lookahead arrives, then the 4 lookahead frames) 2.61 s and 2.56 s: no more work, the text sooner.
+ENCODE_AHEAD_FRAMES = 6  # WindowEncoder's default segment
 SPEAKER = re.compile(r"Speaker\s+(\d+)\s*:")
 
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from ..options import check
-from ..generation.asr_streaming import (ENCODE_AHEAD_FRAMES, MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession,
-                                        WindowFeeder, chunk_segments)
+from ..generation.asr_streaming import (MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder,
+                                        chunk_segments)
 from .asr import OnnxAsrBackend, Transcript
 from .bundle import Bundle
 
@@ -46,9 +46,10 @@ class StreamingTranscriber:
     """One live transcription session on an ASR-Streaming bundle (onnxruntime + numpy only). A Bundle object
     may be shared by many sessions: its graphs are opened once. `seed` seeds upstream's acoustic noise (random
     without it); `mean_latents` uses the encoder means instead (deterministic). `encode_ahead=N`: encode each
-    window while its audio arrives, N frames at a time, so its text comes sooner after its last sample, at the
-    cost of more work (generation.asr_streaming.ENCODE_AHEAD_FRAMES says how much); by default each window is
-    encoded once complete, the least work, which keeps up with the most speech where cores are few."""
+    window while its audio arrives, in segments of N frames, so its text comes sooner after its last sample;
+    by default (None) the window's chunk is encoded as soon as it is complete, while the lookahead arrives, and
+    the lookahead's frames after it; 0: each window encoded once complete (generation.asr_streaming's
+    ENCODE_AHEAD note has the measurements)."""
 
     def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
                  mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
@@ -59,11 +60,11 @@ class StreamingTranscriber:
         rng = None if mean_latents else np.random.default_rng(seed)
         self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
                                         rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
-        if encode_ahead is not None and not 1 <= encode_ahead < self.geometry.window_frames:
-            raise VibeVoiceError(f"encode_ahead is a number of frames from 1 to {self.geometry.window_frames - 1}, "
-                                 f"got {encode_ahead}")
-        encoder = self.session.backend if encode_ahead else None
-        self.feeder = WindowFeeder(self.geometry, encoder, encode_ahead or ENCODE_AHEAD_FRAMES)
+        ahead = self.geometry.chunk_frames if encode_ahead is None else encode_ahead
+        if not isinstance(ahead, int) or not 0 <= ahead < self.geometry.window_frames:
+            raise VibeVoiceError(f"encode_ahead is a number of frames from 0 to {self.geometry.window_frames - 1}, "
+                                 f"got {encode_ahead!r}")
+        self.feeder = WindowFeeder(self.geometry, self.session.backend if ahead else None, ahead or 1)
         self.resampler, self.rate = None, None
         self.chunks: list[ChunkResult] = []
         self.finished, self.samples = False, 0

@@ -21,9 +21,9 @@ TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B r
 
 
 def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: float) -> list[Gate]:
-    """Both encoders over the first window, cold, against the reference's; and StreamingTranscriber's
-    `encode_ahead` path (each window encoded segment by segment as its audio arrives, two windows in flight over
-    the lookahead) against each window encoded whole by the same graphs: a new path, so nothing may change."""
+    """Both encoders over the first window, cold, against the reference's; and StreamingTranscriber's path (each
+    window encoded in segments as its audio arrives, two windows in flight over the lookahead) against each
+    window encoded whole by the same graphs: a new path, so nothing may change."""
     geometry = bundle.streaming_geometry
     audio = next(split_windows(samples, geometry))[None, None]
     gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], min_cosine=limit)
@@ -38,8 +38,9 @@ def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np
 
 
 def arriving(runtime: OnnxAsrBackend, geometry, samples: np.ndarray, pieces: int = 29) -> list[tuple]:
-    """The windows of `samples` with their means, the audio handed over in `pieces` pieces of odd sizes."""
-    feeder, fed = WindowFeeder(geometry, runtime), []
+    """The windows of `samples` with their means as StreamingTranscriber computes them by default (each
+    window's chunk encoded once complete, then its lookahead), the audio handed over in odd-sized pieces."""
+    feeder, fed = WindowFeeder(geometry, runtime, geometry.chunk_frames), []
     for piece in np.array_split(samples, pieces):
         fed += feeder.feed(piece)
     return fed + feeder.finish()
@@ -48,9 +49,10 @@ def arriving(runtime: OnnxAsrBackend, geometry, samples: np.ndarray, pieces: int
 def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray,
                    limits: Limits) -> tuple[list[Gate], dict]:
     geometry, tokenizer = bundle.streaming_geometry, bundle.tokenizer
-    windows = list(split_windows(samples, geometry))
+    fed = arriving(runtime, geometry, samples)  # the runtime's own path: each chunk encoded as it completes
+    windows = [window for window, _ in fed]
     session = StreamingSession(runtime, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
-    chunks = [session.chunk(window) for window in windows]
+    chunks = [session.chunk(window, means) for window, means in fed]
     theirs = forced_logits(reference, tokenizer, geometry, windows, chunks)
     tokens = [t for c in chunks for t in c.tokens]
     setting = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens (at most "
