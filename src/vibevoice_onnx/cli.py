@@ -243,8 +243,7 @@ def stream_transcription(args) -> int:
 
 def _print_chunk(chunk, form: str, latency: float) -> None:
     if form == "json":
-        print(json.dumps({"chunk": chunk.index, "start": round(chunk.start, 4), "end": round(chunk.end, 4),
-                          "speaker": chunk.speaker, "text": chunk.text}, ensure_ascii=False), flush=True)
+        print(json.dumps(chunk.message(), ensure_ascii=False), flush=True)
     else:
         print(f"[{chunk.start:7.2f} - {chunk.end:7.2f}] {chunk.text.strip()}", flush=True)
     print(f"chunk {chunk.index}: text {latency:.2f} s after its audio ({chunk.seconds:.2f} s to decode, "

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..checkpoints.configs import StreamingGeometry
 from ..errors import VibeVoiceError
+from ..options import check
 from ..transcription import Segment
 from .asr import AsrBackend, acoustic_sample, greedy_pick
 
@@ -81,6 +82,12 @@ class ChunkResult:
     seconds: float = 0.0  # wall time from the complete window to the chunk's text
     ready_at: float = 0.0  # time.monotonic() when the text was ready
 
+    def message(self) -> dict:
+        """The chunk as upstream's socket sends it ({"chunk", "text"}), with its span and speaker: the server's
+        messages and `transcribe --stream --format json`'s lines."""
+        return {"chunk": self.index, "text": self.text, "start": round(self.start, 4), "end": round(self.end, 4),
+                "speaker": self.speaker}
+
 
 def split_windows(samples: np.ndarray, geometry: StreamingGeometry) -> Iterator[np.ndarray]:
     """Window k = samples [k·chunk, k·chunk + window) while k·chunk < N; the last one zero-padded."""
@@ -102,8 +109,7 @@ class StreamingSession:
     def __init__(self, backend: AsrBackend, tokenizer, geometry: StreamingGeometry, hotwords: str | None = None,
                  rng: np.random.Generator | None = None, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
                  max_positions: int | None = None, keep_logits: bool = False):
-        if max_tokens_per_chunk < 1:
-            raise VibeVoiceError(f"max_tokens_per_chunk must be at least 1, got {max_tokens_per_chunk}")
+        check("max_tokens_per_chunk", max_tokens_per_chunk)
         self.backend, self.tokenizer, self.geometry = backend, tokenizer, geometry
         self.ids, self.rng, self.limit = StreamingTokens.of(tokenizer), rng, max_tokens_per_chunk
         self.max_positions, self.keep_logits = max_positions, keep_logits
@@ -144,8 +150,7 @@ class StreamingSession:
                 result.stop_reason = "max_tokens"
                 break
         self.pending = backend.embed([ids.chunk_end])  # always, whatever ended the chunk: the trained layout
-        text = [t for t in result.tokens if t not in (ids.chunk_end, ids.end_of_text)]
-        result.text = clean_text(self.tokenizer.decode(text, skip_special_tokens=True))
+        result.text = clean_text(self.tokenizer.decode(text_tokens(result, ids), skip_special_tokens=True))
         labels = SPEAKER.findall(result.text)
         self.speaker = int(labels[-1]) if labels else self.speaker
         result.speaker, self.chunks = self.speaker, self.chunks + 1
@@ -193,9 +198,9 @@ def window_embeds(backend: AsrBackend, ids: StreamingTokens, features: np.ndarra
     return np.concatenate([backend.embed([ids.speech_start]), features, backend.embed([ids.speech_end])], axis=1)
 
 
-def fed_tokens(chunk: ChunkResult, ids: StreamingTokens) -> list[int]:
-    """The tokens a chunk fed back into the cache: its picks but a stop token, then <|text_chunk_end|>."""
-    return [t for t in chunk.tokens if t not in (ids.chunk_end, ids.end_of_text)] + [ids.chunk_end]
+def text_tokens(chunk: ChunkResult, ids: StreamingTokens) -> list[int]:
+    """A chunk's picks but a stop token: its text, and what it fed back into the cache."""
+    return [t for t in chunk.tokens if t not in (ids.chunk_end, ids.end_of_text)]
 
 
 def forced_logits(backend: AsrBackend, tokenizer, geometry: StreamingGeometry, windows: list[np.ndarray],
@@ -208,7 +213,7 @@ def forced_logits(backend: AsrBackend, tokenizer, geometry: StreamingGeometry, w
     decisions, length = [], parts[0].shape[1]
     for window, chunk in zip(windows, chunks):
         parts.append(window_embeds(backend, ids, window_features(backend, window, geometry, None)))
-        fed = fed_tokens(chunk, ids)
+        fed = text_tokens(chunk, ids) + [ids.chunk_end]  # then <|text_chunk_end|>, fed with the next window
         parts.append(backend.embed(fed))
         length += parts[-2].shape[1]
         decisions.append(range(length - 1, length - 1 + len(chunk.tokens)))  # speech-end's, then each fed token's

@@ -54,7 +54,6 @@ class StreamingTranscriber:
     def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
                  mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
                  threads: int | None = None, force: bool = False, encode_ahead: int | None = None):
-        check("max_tokens_per_chunk", max_tokens_per_chunk)
         self.bundle = open_streaming_bundle(bundle, threads, force)
         self.geometry = self.bundle.streaming_geometry
         rng = None if mean_latents else np.random.default_rng(seed)

@@ -363,7 +363,7 @@ async def _live_socket(websocket: WebSocket, state: _State) -> None:
         receiver = asyncio.create_task(_receive_pcm(websocket, parsed, pieces, settings))
         try:
             async for chunk in run.pump:
-                await websocket.send_json(asr_route.chunk_message(chunk))
+                await websocket.send_json(chunk.message())
         finally:
             receiver.cancel()
         if run.pump.result is not None:

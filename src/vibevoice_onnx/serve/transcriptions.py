@@ -240,12 +240,6 @@ def parse_live(config, models: Models) -> LiveRequest:
     return LiveRequest(model, hotwords, options, rate, PCM_FORMATS[pcm])
 
 
-def chunk_message(chunk) -> dict:
-    """A chunk as upstream's socket sends it ({"chunk", "text"}), with its span and speaker."""
-    return {"chunk": chunk.index, "text": chunk.text, "start": round(chunk.start, 4), "end": round(chunk.end, 4),
-            "speaker": chunk.speaker}
-
-
 END, CLOSE = "end", "close"
 
 
