@@ -149,6 +149,57 @@ def test_iteration_yields_chunks_as_another_thread_feeds(bundles):
     assert seen == [0, 1, 2] and len(live.chunks) == 3
 
 
+
+@pytest.mark.parametrize("encode_ahead", [None, 0])
+def test_a_bundles_first_session_has_run_every_graph_before_the_audio_comes(bundles, encode_ahead):
+    """A graph's first run is slow (full size: seconds): it must not land on the first chunk's text. The first
+    session of a Bundle runs, on its own encode path, every graph its chunks call; a second one does not again."""
+    from vibevoice_onnx.runtime.asr import ENCODERS
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    bundle = Bundle(bundles["1.5b"]["int8"])
+    calls = bundle.time_calls()
+    live = StreamingTranscriber(bundle, mean_latents=True, max_tokens_per_chunk=PER_CHUNK, encode_ahead=encode_ahead)
+    warmed = set(calls)
+    calls.clear()
+    live.feed(speech_samples()[:83200], 24000)  # one whole window
+    assert len(live.chunks) == 1 and set(calls) <= warmed and set(ENCODERS) <= warmed
+    calls.clear()
+    StreamingTranscriber(bundle, encode_ahead=encode_ahead)
+    assert not set(calls) & set(ENCODERS)  # only its prompt's prefill ran
+
+
+def test_pcm_from_standard_input_is_read_while_the_consumer_is_busy():
+    """arecord blocks on a full pipe (~1.4 s of PCM) and then drops audio: the reader must keep reading while a
+    chunk decodes, and hand over every sample, in order, with a stream error raised in the consumer."""
+    import io
+
+    from vibevoice_onnx.runtime.asr_streaming import pcm_pieces
+
+    pcm = (np.arange(24000 * 3) % 2000 - 1000).astype("<i2")
+
+    class Capture(io.BytesIO):
+        reads = 0
+
+        def read(self, size=-1):
+            Capture.reads += 1
+            return super().read(size)
+
+    pieces = pcm_pieces(Capture(pcm.tobytes()), 24000)
+    first, _ = next(pieces)
+    time.sleep(0.5)  # a chunk decoding
+    assert Capture.reads == 31  # 30 pieces of 0.1 s and the end, all read meanwhile
+    rest = [piece for piece, _ in pieces]
+    assert np.array_equal(np.concatenate([first, *rest]), pcm / 32768.0)
+
+    class Broken(io.BytesIO):
+        def read(self, size=-1):
+            raise OSError("the device went away")
+
+    with pytest.raises(OSError, match="went away"):
+        list(pcm_pieces(Broken(), 24000))
+
 def cli(*args: str, stdin: bytes | None = None):
     done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], input=stdin, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()

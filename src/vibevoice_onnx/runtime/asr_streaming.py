@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -31,6 +32,23 @@ from .bundle import Bundle
 F32 = np.float32
 KIND = "asr-streaming"
 PIECE_SECONDS = 0.1  # how much audio a paced file or standard input hands over at a time
+_warm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Bundle -> the encode_ahead paths already run
+
+
+def warm_up(bundle: Bundle, encode_ahead: int) -> None:
+    """Run every graph a session uses once, on a silent window decoded to one token, the first time a Bundle
+    object serves a session on this encode path: onnxruntime's first run of a graph is slow (buffers allocated,
+    weights paged in), and without this it lands on the first chunk of live audio (full-size 1.5B int8: ~2 s late)."""
+    done = _warm.setdefault(bundle, set())
+    if encode_ahead in done:
+        return
+    geometry = bundle.streaming_geometry
+    session = StreamingSession(OnnxAsrBackend(bundle), bundle.tokenizer, geometry, max_tokens_per_chunk=1)
+    feeder = WindowFeeder(geometry, session.backend if encode_ahead else None, encode_ahead or 1)
+    for piece in np.array_split(np.zeros(geometry.window_samples, F32), 4):  # in pieces, as audio arrives
+        for window, means in feeder.feed(piece):
+            session.chunk(window, means)
+    done.add(encode_ahead)
 
 
 def open_streaming_bundle(bundle: Bundle | str | Path, threads: int | None = None, force: bool = False) -> Bundle:
@@ -49,11 +67,13 @@ class StreamingTranscriber:
     window while its audio arrives, in segments of N frames, so its text comes sooner after its last sample;
     by default (None) the window's chunk is encoded as soon as it is complete, while the lookahead arrives, and
     the lookahead's frames after it; 0: each window encoded once complete (generation.asr_streaming's
-    ENCODE_AHEAD note has the measurements)."""
+    ENCODE_AHEAD note has the measurements). `warm` (default): the first session of a Bundle object runs its
+    graphs once on silence before it takes audio (see warm_up)."""
 
     def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
                  mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
-                 threads: int | None = None, force: bool = False, encode_ahead: int | None = None):
+                 threads: int | None = None, force: bool = False, encode_ahead: int | None = None,
+                 warm: bool = True):
         self.bundle = open_streaming_bundle(bundle, threads, force)
         self.geometry = self.bundle.streaming_geometry
         rng = None if mean_latents else np.random.default_rng(seed)
@@ -63,6 +83,8 @@ class StreamingTranscriber:
         if not isinstance(ahead, int) or not 0 <= ahead < self.geometry.window_frames:
             raise VibeVoiceError(f"encode_ahead is a number of frames from 0 to {self.geometry.window_frames - 1}, "
                                  f"got {encode_ahead!r}")
+        if warm:
+            warm_up(self.bundle, ahead)
         self.feeder = WindowFeeder(self.geometry, self.session.backend if ahead else None, ahead or 1)
         self.resampler, self.rate = None, None
         self.chunks: list[ChunkResult] = []
@@ -173,6 +195,7 @@ class StreamingModel:
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
         self.bundle, self.force = open_streaming_bundle(bundle, threads, force), force
         self.tokenizer = self.bundle.tokenizer
+        warm_up(self.bundle, self.bundle.streaming_geometry.chunk_frames)  # the default path, before any audio comes
 
     def batch(self, max_streams: int) -> None:
         return None  # nothing to share between sessions' steps yet (see the class docstring)
@@ -213,7 +236,28 @@ def file_pieces(path: Path, paced: bool) -> Iterator[tuple[np.ndarray, float]]:
 
 def pcm_pieces(stream: BinaryIO, sample_rate: int) -> Iterator[tuple[np.ndarray, float]]:
     """Raw signed 16-bit little-endian mono PCM (`arecord -f S16_LE`) in pieces as it arrives, each with its
-    arrival time."""
+    arrival time. The stream is read on a thread of its own, whatever the consumer is doing: a pipe holds ~1.4 s
+    of 24 kHz PCM, and a capture whose writes block while a chunk decodes overruns its buffer and drops audio."""
+    import queue
+
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def drain():
+        try:
+            for piece in _pcm_blocks(stream, sample_rate):
+                arrived.put(piece)
+            arrived.put(None)
+        except BaseException as e:  # handed to the consumer, raised there
+            arrived.put(e)
+
+    threading.Thread(target=drain, name="pcm-reader", daemon=True).start()
+    while (item := arrived.get()) is not None:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _pcm_blocks(stream: BinaryIO, sample_rate: int) -> Iterator[tuple[np.ndarray, float]]:
     size = 2 * max(1, int(PIECE_SECONDS * sample_rate))
     carry = b""
     while block := stream.read(size):
