@@ -280,16 +280,18 @@ def test_ray_serve_replicas_stream_speech_and_transcribe_as_the_server_does(ray_
 
     client = ray_client(ray_server)
     assert {m.id for m in client.models.list().data} == {"vibevoice-realtime-cpu-fp32", "vibevoice-asr-cpu-fp32"}
-    start, first, chunks = time.perf_counter(), None, []
+    start, arrivals, chunks = time.perf_counter(), [], []
     with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXTS[4],
                                                             response_format="pcm",
                                                             extra_body={"seed": 3, "max_frames": 300}) as response:
         for chunk in response.iter_bytes():
-            first = first or time.perf_counter() - start
+            arrivals.append(time.perf_counter())
             chunks.append(chunk)
     total = time.perf_counter() - start
     assert np.array_equal(np.frombuffer(b"".join(chunks), "<i2"), realtime_pcm(tiny_bundle, 3, 300, TEXTS[4]))
-    assert first < total / 4, (first, total)  # streamed through Ray's proxy, not gathered first
+    # streamed through Ray's proxy, not gathered first: gathered audio arrives all at once, however loaded the
+    # machine (a first-byte ratio failed under CI's load: a replica's first run is slow)
+    assert arrivals[-1] - arrivals[0] > total / 4, (arrivals[-1] - arrivals[0], total)
     audio = speech_files(tmp_path / "audio", 1)[0]
     with open(audio, "rb") as f:
         text = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="text",
