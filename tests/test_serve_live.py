@@ -89,18 +89,19 @@ def test_lossy_formats_keep_the_duration_and_the_waveform(server, tiny_bundle, f
 
 
 def test_audio_streams_as_it_decodes(server):
-    """The first byte arrives long before the last: no buffering of the whole generation."""
+    """The audio arrives spread over the generation, not all at once at its end: no buffering of the whole
+    (judged by the arrivals' spread, which a loaded machine stretches, not by the first byte's share)."""
     start = time.perf_counter()
     with server.client().audio.speech.with_streaming_response.create(
             model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
             extra_body={"seed": 1, "max_frames": 300}) as response:
-        first, size = None, 0
+        arrivals, size = [], 0
         for chunk in response.iter_bytes():
-            first = first or time.perf_counter() - start
+            arrivals.append(time.perf_counter())
             size += len(chunk)
     total = time.perf_counter() - start
     assert size == 300 * 3200 * 2
-    assert first < total / 4, (first, total)
+    assert arrivals[-1] - arrivals[0] > total / 4, (arrivals[-1] - arrivals[0], total)
 
 
 def test_sse_through_the_client(server, tiny_bundle):
