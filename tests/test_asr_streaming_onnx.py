@@ -149,7 +149,6 @@ def test_iteration_yields_chunks_as_another_thread_feeds(bundles):
     assert seen == [0, 1, 2] and len(live.chunks) == 3
 
 
-
 @pytest.mark.parametrize("encode_ahead", [None, 0])
 def test_a_bundles_first_session_has_run_every_graph_before_the_audio_comes(bundles, encode_ahead):
     """A graph's first run is slow (full size: seconds): it must not land on the first chunk's text. The first
@@ -199,6 +198,7 @@ def test_pcm_from_standard_input_is_read_while_the_consumer_is_busy():
 
     with pytest.raises(OSError, match="went away"):
         list(pcm_pieces(Broken(), 24000))
+
 
 def cli(*args: str, stdin: bytes | None = None):
     done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], input=stdin, capture_output=True)

@@ -44,11 +44,27 @@ def warm_up(bundle: Bundle, encode_ahead: int) -> None:
         return
     geometry = bundle.streaming_geometry
     session = StreamingSession(OnnxAsrBackend(bundle), bundle.tokenizer, geometry, max_tokens_per_chunk=1)
-    feeder = WindowFeeder(geometry, session.backend if encode_ahead else None, encode_ahead or 1)
+    feeder = window_feeder(geometry, session.backend, encode_ahead)
     for piece in np.array_split(np.zeros(geometry.window_samples, F32), 4):  # in pieces, as audio arrives
         for window, means in feeder.feed(piece):
             session.chunk(window, means)
     done.add(encode_ahead)
+
+
+def encode_path(geometry, encode_ahead: int | None) -> int:
+    """The frames a session encodes at a time as a window arrives: `encode_ahead`, by default (None) the chunk's,
+    so the chunk is encoded while its lookahead arrives; 0: each window once complete."""
+    ahead = geometry.chunk_frames if encode_ahead is None else encode_ahead
+    if not isinstance(ahead, int) or not 0 <= ahead < geometry.window_frames:
+        raise VibeVoiceError(f"encode_ahead is a number of frames from 0 to {geometry.window_frames - 1}, "
+                             f"got {encode_ahead!r}")
+    return ahead
+
+
+def window_feeder(geometry, backend: OnnxAsrBackend, ahead: int) -> WindowFeeder:
+    """The windows of arriving audio, encoded by `backend` in segments of `ahead` frames (0: none, each window
+    encoded whole once complete)."""
+    return WindowFeeder(geometry, backend if ahead else None, ahead or 1)
 
 
 def open_streaming_bundle(bundle: Bundle | str | Path, threads: int | None = None, force: bool = False) -> Bundle:
@@ -79,13 +95,10 @@ class StreamingTranscriber:
         rng = None if mean_latents else np.random.default_rng(seed)
         self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
                                         rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
-        ahead = self.geometry.chunk_frames if encode_ahead is None else encode_ahead
-        if not isinstance(ahead, int) or not 0 <= ahead < self.geometry.window_frames:
-            raise VibeVoiceError(f"encode_ahead is a number of frames from 0 to {self.geometry.window_frames - 1}, "
-                                 f"got {encode_ahead!r}")
+        ahead = encode_path(self.geometry, encode_ahead)
         if warm:
             warm_up(self.bundle, ahead)
-        self.feeder = WindowFeeder(self.geometry, self.session.backend if ahead else None, ahead or 1)
+        self.feeder = window_feeder(self.geometry, self.session.backend, ahead)
         self.resampler, self.rate = None, None
         self.chunks: list[ChunkResult] = []
         self.finished, self.samples = False, 0
@@ -195,7 +208,7 @@ class StreamingModel:
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
         self.bundle, self.force = open_streaming_bundle(bundle, threads, force), force
         self.tokenizer = self.bundle.tokenizer
-        warm_up(self.bundle, self.bundle.streaming_geometry.chunk_frames)  # the default path, before any audio comes
+        warm_up(self.bundle, encode_path(self.bundle.streaming_geometry, None))  # the default path, before any audio
 
     def batch(self, max_streams: int) -> None:
         return None  # nothing to share between sessions' steps yet (see the class docstring)
