@@ -118,9 +118,10 @@ def test_a_rebuild_keeps_the_imported_voices(tiny_bundle, eos_early_rebuild):
 
 @torch.no_grad()
 def test_rewritten_head_and_upsamplers_equal_transformers_modules(realtime_reference):
-    """What the export rewrites (the head split in two, the transposed convs as MatMul + overlap-add) gives
-    transformers' numbers, and leaves the reference model's own modules as they were."""
-    from vibevoice_onnx.export.graphs import HeadConditioningGraph, HeadStepGraph, with_matmul_upsamplers
+    """What the export rewrites (the head split in two; the decoder channels-last, its transposed convs as two
+    MatMuls, its norms spelt out) gives transformers' numbers and conv states, and leaves the reference model's
+    own modules as they were."""
+    from vibevoice_onnx.export.graphs import HeadConditioningGraph, HeadStepGraph, export_decoder_view
 
     g = torch.Generator().manual_seed(5)
     head, decoder = realtime_reference.diffusion_head, realtime_reference.acoustic_decoder
@@ -128,7 +129,8 @@ def test_rewritten_head_and_upsamplers_equal_transformers_modules(realtime_refer
     split = HeadStepGraph(head)(x, HeadConditioningGraph(head)(t, c))
     torch.testing.assert_close(split, head(x, t, c), atol=1e-5, rtol=1e-5)
 
-    view, latents = with_matmul_upsamplers(decoder), torch.randn(1, 64, 5, generator=g)
+    view, latents = export_decoder_view(decoder), torch.randn(1, 64, 5, generator=g)
+    assert conv_state_specs(view) == conv_state_specs(decoder)
     torch.testing.assert_close(view(latents).audio, decoder(latents).audio, atol=1e-5, rtol=1e-5)
     theirs, ours = ConvState.zeros(conv_state_specs(decoder)), ConvState.zeros(conv_state_specs(decoder))
     for a, b in ((0, 1), (1, 3), (3, 5)):  # a first frame, then chunks carrying the states

@@ -29,7 +29,7 @@ from ..checkpoints.configs import QwenDims
 from ..errors import VibeVoiceError
 from ..reference.realtime import RealtimeModel
 from ..text import TEXT_WINDOW
-from .graphs import GraphSpec, StreamingConvGraph, kv_names, state_extra, with_matmul_upsamplers
+from .graphs import GraphSpec, StreamingConvGraph, kv_names, state_extra, export_decoder_view
 from .realtime import host_tensors as dynamic_host_tensors
 from .realtime import load_model
 
@@ -128,7 +128,7 @@ def graph_specs(model: RealtimeModel, capacity: int = DEFAULT_CACHE,
     dims = model.dims
     hidden, latent = dims.lm.hidden, dims.head.latent
     g = torch.Generator().manual_seed(0)
-    decoder = StreamingConvGraph(with_matmul_upsamplers(model.acoustic_decoder), decoder=True)
+    decoder = StreamingConvGraph(export_decoder_view(model.acoustic_decoder), decoder=True)
     states = tuple(torch.zeros(1, c, n) for _, c, n in decoder.specs)
     return [
         fixed_lm_spec("lower_lm_text", model.language_model, dims.lm, 1, TEXT_WINDOW, capacity, g),

@@ -138,12 +138,20 @@ class LanguageModelGraph(nn.Module):
         return (out.last_hidden_state, *[t for layer in range(self.layers) for t in inputs.present[layer]])
 
 
-class OverlapAddUpsampler(nn.Module):
-    """transformers' causal transposed conv (kernel 2·stride) as one MatMul and an overlap-add: each input frame
-    times the weight [C_in, C_out·2·stride] gives two output blocks of `stride` samples, the first added to
-    the previous frame's second. The same numbers (gated against the reference decoder), but a MatMul is what
-    onnxruntime quantizes and runs fast; its ConvTranspose kept the weights fp32 and took a sixth of the
-    decoder's time (measured: 25 ms of 150 per 3 frames). Stateless or with a padding cache like the original."""
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """transformers' RMSNorm written x / sqrt(mean(x²) + eps) · w, the form onnxruntime fuses into one
+    SimplifiedLayerNormalization when it loads the graph (the file keeps standard ops); its rsqrt form stays
+    seven operators, each over the whole activation."""
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight
+
+
+class ChannelsLastUpsampler(nn.Module):
+    """transformers' causal transposed conv (kernel 2·stride) on channels-last frames [B, F, C_in] as two
+    MatMuls: each frame times the kernel's first half gives its `stride` samples, to which the previous frame
+    times the second half adds its overlap; out [B, F·stride, C_out], channels-last with no transpose (the
+    weights' columns are ordered sample, channel). A MatMul is what onnxruntime quantizes and runs fast: the
+    ConvTranspose kept its weights fp32 and took a sixth of the decoder's time. Stateless (a zero frame in
+    front, as the causal conv trims) or with a padding cache, like the original."""
 
     def __init__(self, upsampler: nn.Module):
         super().__init__()
@@ -152,33 +160,64 @@ class OverlapAddUpsampler(nn.Module):
         if kernel != 2 * upsampler.stride or conv.groups != 1:
             raise ValueError(f"expected a kernel of twice the stride, got {kernel} for stride {upsampler.stride}")
         self.original, self.stride, self.channels_out = upsampler, upsampler.stride, channels_out
-        self.weight = nn.Parameter(conv.weight.detach().reshape(channels_in, channels_out * kernel).clone(), requires_grad=False)
+        halves = conv.weight.detach().reshape(channels_in, channels_out, 2, self.stride).permute(2, 0, 3, 1)
+        self.current, self.previous = (nn.Parameter(h.reshape(channels_in, self.stride * channels_out).clone(),
+                                                    requires_grad=False) for h in halves)
         self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
 
+    def forward(self, frames, padding_cache=None):
+        if padding_cache is None:
+            frames = nn.functional.pad(frames, (0, 0, 1, 0))
+        else:
+            frames = padding_cache.update_channels_last(frames, self.original.cache_key)
+        batch, count = frames.shape[0], frames.shape[1] - 1
+        samples = torch.matmul(frames[:, 1:], self.current) + torch.matmul(frames[:, :-1], self.previous)
+        return samples.reshape(batch, count * self.stride, self.channels_out) + self.bias
+
+
+class ChannelsLastStage(nn.Module):
+    """A decoder stage (the stem's conv or an upsampler, then ConvNeXt blocks) whose residual stream stays
+    channels-last [B, T, C], the layout of its norms and linears: transformers' blocks work channels-first and
+    transpose the whole activation four times a block; here only the depthwise conv's input and output are.
+    The same weights and numbers (gated against the reference decoder)."""
+
+    def __init__(self, entry: nn.Module, blocks: nn.ModuleList, entry_channels_first: bool):
+        super().__init__()
+        self.entry, self.blocks, self.entry_channels_first = entry, blocks, entry_channels_first
+
     def forward(self, hidden_states, padding_cache=None):
-        if padding_cache is None:  # a zero frame in front: no overlap from the past, as the causal conv trims
-            hidden_states = nn.functional.pad(hidden_states, (1, 0))
-        else:  # the previous input frame in front
-            hidden_states = padding_cache.update(hidden_states, self.original.cache_key, self.original)
-        batch, frames = hidden_states.shape[0], hidden_states.shape[-1]
-        blocks = torch.matmul(hidden_states.transpose(1, 2), self.weight)
-        blocks = blocks.reshape(batch, frames, self.channels_out, 2, self.stride)
-        audio = blocks[:, 1:, :, 0] + blocks[:, :-1, :, 1]  # [B, frames - 1, C_out, stride]
-        audio = audio.permute(0, 2, 1, 3).reshape(batch, self.channels_out, (frames - 1) * self.stride)
-        return audio + self.bias[:, None]
+        x = self.entry(hidden_states, padding_cache=padding_cache)
+        if self.entry_channels_first:
+            x = x.transpose(1, 2)
+        for block in self.blocks:
+            mixed = block.mixer(rms_norm(x, block.norm).transpose(1, 2), padding_cache=padding_cache)
+            x = x + mixed.transpose(1, 2) * block.gamma
+            x = x + block.ffn(rms_norm(x, block.ffn_norm)) * block.ffn_gamma
+        return x
 
 
-def with_matmul_upsamplers(decoder: nn.Module) -> nn.Module:
-    """A shallow view of transformers' decoder whose upsamplers are OverlapAddUpsampler; the reference model
-    itself is left as it is."""
+class ChannelsFirstHead(nn.Module):
+    """The decoder's last conv, given the channels-last stages' output."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden_states, padding_cache=None):
+        return self.head(hidden_states.transpose(1, 2), padding_cache=padding_cache)
+
+
+def export_decoder_view(decoder: nn.Module) -> nn.Module:
+    """A shallow view of transformers' decoder for export: channels-last stages (ChannelsLastStage) with
+    MatMul upsamplers (ChannelsLastUpsampler); the reference model itself is left as it is. Its conv states
+    keep their keys, order and channels-first layout."""
     view = copy.copy(decoder)
     view._modules = dict(decoder._modules)
-    layers = []
-    for layer in decoder.conv_layers:
-        layer_view = copy.copy(layer)
-        layer_view._modules = {**layer._modules, "convtr": OverlapAddUpsampler(layer.convtr)}
-        layers.append(layer_view)
-    view._modules["conv_layers"] = nn.ModuleList(layers)
+    view._modules["stem"] = ChannelsLastStage(decoder.stem.conv, decoder.stem.stage, entry_channels_first=True)
+    view._modules["conv_layers"] = nn.ModuleList(
+        ChannelsLastStage(ChannelsLastUpsampler(layer.convtr), layer.stage, entry_channels_first=False)
+        for layer in decoder.conv_layers)
+    view._modules["head"] = ChannelsFirstHead(decoder.head)
     return view
 
 
@@ -330,7 +369,7 @@ def decoder_specs(decoder: nn.Module, latent: int, generator: torch.Generator, n
     """The decoder as one streaming graph (conv states as explicit inputs and outputs, MatMul upsamplers): from
     zero states it decodes a whole sequence exactly as the whole-sequence decoder does (its zero padding is
     the zero state; gated by verify), so a bundle holds the decoder's weights once (1.37 GB at full size)."""
-    stream = StreamingConvGraph(with_matmul_upsamplers(decoder), decoder=True)
+    stream = StreamingConvGraph(export_decoder_view(decoder), decoder=True)
     states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
     return [
         GraphSpec(

@@ -116,6 +116,14 @@ class ConvState:
             full = nn.functional.pad(full, (0, (-x.shape[-1]) % module.conv.stride[0]))
         return full
 
+    def update_channels_last(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        """`update` for frames [B, T, C] (an exported decoder's channels-last stages); the state keeps its
+        channels-first layout, the graphs' interface."""
+        kept = self.tensors[key].shape[-1]
+        full = torch.cat([self.tensors[key].transpose(1, 2), x], dim=1)
+        self.tensors[key] = full[:, full.shape[1] - kept :].transpose(1, 2)
+        return full
+
 
 class UpstreamPadding:
     """Upstream's non-streaming padding for transformers' causal convs, passed where a padding cache goes.
