@@ -140,3 +140,26 @@ def test_rewritten_head_and_upsamplers_equal_transformers_modules(realtime_refer
         torch.testing.assert_close(ours.tensors[key], theirs.tensors[key])
     assert all(type(layer.convtr).__name__ == "VibeVoiceAcousticTokenizerCausalConvTranspose1d" for layer in decoder.conv_layers)
     assert all(type(layer.linear).__name__ == "Linear" for layer in head.layers)
+
+
+@torch.no_grad()
+def test_channels_last_encoders_equal_transformers_encoders(tiny_checkpoints):
+    """The exported encoders' channels-last view gives transformers' latents and conv states, whole (upstream's
+    padding) and streamed in chunks (the last one short, padded to a stride), for both of the 1.5B's encoders."""
+    from vibevoice_onnx.export.graphs import export_encoder_view
+    from vibevoice_onnx.reference.modules import UpstreamPadding
+    from vibevoice_onnx.reference.tts15b import load_tts15b
+
+    reference = load_tts15b(tiny_checkpoints["1.5b"])
+    audio = torch.randn(1, 1, 7 * 3200 + 123, generator=torch.Generator().manual_seed(6)) * 0.1
+    for encoder in (reference.acoustic_encoder, reference.semantic_encoder):
+        view = export_encoder_view(encoder)
+        assert conv_state_specs(view) == conv_state_specs(encoder)
+        torch.testing.assert_close(view(audio, padding_cache=UpstreamPadding()).latents,
+                                   encoder(audio, padding_cache=UpstreamPadding()).latents, atol=1e-5, rtol=1e-5)
+        theirs, ours = (ConvState.zeros(conv_state_specs(encoder), pad_to_stride=True) for _ in range(2))
+        for a, b in ((0, 3200), (3200, 4 * 3200), (4 * 3200, audio.shape[-1])):
+            torch.testing.assert_close(view(audio[..., a:b], padding_cache=ours).latents,
+                                       encoder(audio[..., a:b], padding_cache=theirs).latents, atol=1e-5, rtol=1e-5)
+        for key in theirs.tensors:
+            torch.testing.assert_close(ours.tensors[key], theirs.tensors[key])

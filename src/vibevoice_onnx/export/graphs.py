@@ -176,19 +176,17 @@ class ChannelsLastUpsampler(nn.Module):
 
 
 class ChannelsLastStage(nn.Module):
-    """A decoder stage (the stem's conv or an upsampler, then ConvNeXt blocks) whose residual stream stays
-    channels-last [B, T, C], the layout of its norms and linears: transformers' blocks work channels-first and
-    transpose the whole activation four times a block; here only the depthwise conv's input and output are.
-    The same weights and numbers (gated against the reference decoder)."""
+    """A stage of a conv stack (an entry that changes the rate: a conv or an upsampler; then ConvNeXt blocks)
+    whose residual stream stays channels-last [B, T, C], the layout of its norms and linears: transformers'
+    blocks work channels-first and transpose the whole activation four times a block; here only the depthwise
+    conv's input and output are. The same weights and numbers (gated against the reference stacks)."""
 
-    def __init__(self, entry: nn.Module, blocks: nn.ModuleList, entry_channels_first: bool):
+    def __init__(self, entry: nn.Module, blocks: nn.ModuleList):
         super().__init__()
-        self.entry, self.blocks, self.entry_channels_first = entry, blocks, entry_channels_first
+        self.entry, self.blocks = entry, blocks
 
     def forward(self, hidden_states, padding_cache=None):
         x = self.entry(hidden_states, padding_cache=padding_cache)
-        if self.entry_channels_first:
-            x = x.transpose(1, 2)
         for block in self.blocks:
             mixed = block.mixer(rms_norm(x, block.norm).transpose(1, 2), padding_cache=padding_cache)
             x = x + mixed.transpose(1, 2) * block.gamma
@@ -196,29 +194,42 @@ class ChannelsLastStage(nn.Module):
         return x
 
 
-class ChannelsFirstHead(nn.Module):
-    """The decoder's last conv, given the channels-last stages' output."""
+class ChannelsFirstConv(nn.Module):
+    """One of transformers' causal convs (channels-first, as ONNX's Conv is) in a channels-last stack: its input
+    and output transposed where the neighbours are channels-last."""
 
-    def __init__(self, head: nn.Module):
+    def __init__(self, conv: nn.Module, channels_last_in: bool, channels_last_out: bool):
         super().__init__()
-        self.head = head
+        self.conv, self.channels_last_in, self.channels_last_out = conv, channels_last_in, channels_last_out
 
     def forward(self, hidden_states, padding_cache=None):
-        return self.head(hidden_states.transpose(1, 2), padding_cache=padding_cache)
+        if self.channels_last_in:
+            hidden_states = hidden_states.transpose(1, 2)
+        out = self.conv(hidden_states, padding_cache=padding_cache)
+        return out.transpose(1, 2) if self.channels_last_out else out
+
+
+def _channels_last_view(stack: nn.Module, layer_entry: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """A shallow view of one of transformers' conv stacks (stem, conv_layers, head) whose stages are
+    ChannelsLastStage; the stack itself is left as it is. Its input and output stay channels-first, and its
+    conv states keep their keys, order and channels-first layout."""
+    view = copy.copy(stack)
+    view._modules = dict(stack._modules)
+    view._modules["stem"] = ChannelsLastStage(ChannelsFirstConv(stack.stem.conv, False, True), stack.stem.stage)
+    view._modules["conv_layers"] = nn.ModuleList(ChannelsLastStage(layer_entry(layer), layer.stage)
+                                                 for layer in stack.conv_layers)
+    view._modules["head"] = ChannelsFirstConv(stack.head, True, False)
+    return view
 
 
 def export_decoder_view(decoder: nn.Module) -> nn.Module:
-    """A shallow view of transformers' decoder for export: channels-last stages (ChannelsLastStage) with
-    MatMul upsamplers (ChannelsLastUpsampler); the reference model itself is left as it is. Its conv states
-    keep their keys, order and channels-first layout."""
-    view = copy.copy(decoder)
-    view._modules = dict(decoder._modules)
-    view._modules["stem"] = ChannelsLastStage(decoder.stem.conv, decoder.stem.stage, entry_channels_first=True)
-    view._modules["conv_layers"] = nn.ModuleList(
-        ChannelsLastStage(ChannelsLastUpsampler(layer.convtr), layer.stage, entry_channels_first=False)
-        for layer in decoder.conv_layers)
-    view._modules["head"] = ChannelsFirstHead(decoder.head)
-    return view
+    """transformers' decoder for export: channels-last stages with MatMul upsamplers (ChannelsLastUpsampler)."""
+    return _channels_last_view(decoder, lambda layer: ChannelsLastUpsampler(layer.convtr))
+
+
+def export_encoder_view(encoder: nn.Module) -> nn.Module:
+    """transformers' encoder for export: channels-last stages, each entered by its strided conv."""
+    return _channels_last_view(encoder, lambda layer: ChannelsFirstConv(layer.conv, True, True))
 
 
 class StreamingConvGraph(nn.Module):
@@ -263,7 +274,7 @@ class EncoderGraph(nn.Module):
 
     def __init__(self, encoder: nn.Module):
         super().__init__()
-        self.encoder = encoder
+        self.encoder = export_encoder_view(encoder)
 
     def forward(self, audio):
         return self.encoder(audio, padding_cache=UpstreamPadding()).latents
@@ -389,7 +400,7 @@ def streaming_encoder_spec(name: str, encoder: nn.Module, hop: int, generator: t
     """An encoder fed whole frames of audio [1, 1, F·hop] with its conv states in and out: F latent frames.
     `any_length`: a chunk of any length, the last one padded as upstream pads a long recording's final
     segment (see ConvState's pad_to_stride); whole-frame chunks are unchanged by that."""
-    stream = StreamingConvGraph(encoder, decoder=False, pad_to_stride=any_length)
+    stream = StreamingConvGraph(export_encoder_view(encoder), decoder=False, pad_to_stride=any_length)
     states = tuple(torch.zeros(1, c, n) for _, c, n in stream.specs)
     samples = Dim("samples", min=2, max=hop * 4096) if any_length else hop * FRAMES
     return GraphSpec(
