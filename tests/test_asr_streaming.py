@@ -103,22 +103,16 @@ def test_variant_is_for_streaming_checkpoints_only(tmp_path, capsys):
 
 # ---- the loop, against upstream's streaming_generate transcribed line by line ----
 
-SPEECH = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
 UPSTREAM_PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
                    "following audios streamingly with these keys: speaker, content\n")
 
 
 def speech_samples():
     """The real speech fixture at 24 kHz, not normalised (the streaming preprocessor says normalize_audio false);
-    a voice-like test signal where ../shared is absent."""
-    import numpy as np
+    where ../shared is absent, verify's voiced stand-in of the fixture's length."""
+    from vibevoice_onnx.verify.asr import verification_audio
 
-    from vibevoice_onnx.audio import read_audio
-
-    if SPEECH.is_file():
-        return read_audio(SPEECH)[0]
-    t = np.arange(int(7.5 * 24000)) / 24000
-    return (0.2 * np.sin(2 * np.pi * 180 * t + 2 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+    return verification_audio(None, None, normalize=False)[0]
 
 
 @torch.no_grad()

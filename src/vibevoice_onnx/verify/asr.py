@@ -25,6 +25,7 @@ from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
 CLIP_SAMPLES = 24000 * 6 + 1234  # six seconds and a partial frame: upstream's rounding up is in play
+SPEECH_SAMPLES = int(17.28 * 24000)  # the shared clip's length (six streaming windows), for its stand-in
 
 
 def verification_audio(voice: str | None, samples: int | None = CLIP_SAMPLES, normalize: bool = True) -> tuple[np.ndarray, str]:
@@ -35,7 +36,7 @@ def verification_audio(voice: str | None, samples: int | None = CLIP_SAMPLES, no
     if path.is_file():
         audio, _ = read_audio(path)
         return level(audio[:samples]), str(path)
-    t = np.arange(samples or CLIP_SAMPLES) / 24000
+    t = np.arange(samples or SPEECH_SAMPLES) / 24000
     signal = 0.2 * np.sin(2 * np.pi * 160 * t + 3 * np.sin(2 * np.pi * 3 * t)) * (1 + np.sin(2 * np.pi * 0.7 * t))
     return level(signal.astype(np.float32)), "(a synthetic voiced signal: ../shared is not available)"
 
