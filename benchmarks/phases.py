@@ -72,15 +72,9 @@ def save(results: dict, args: argparse.Namespace) -> int:
 
 
 def cpu_flags() -> str:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":")[1].split())
-            break
-    model = next((line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "?")
-    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
-    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
+    from vibevoice_onnx.runtime.bench import cpu_description
+
+    return cpu_description()
 
 
 def run(main) -> None:

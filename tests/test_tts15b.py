@@ -198,7 +198,7 @@ def test_sampled_voice_latents_follow_the_seed(tiny_15b_bundle, tmp_path):
     (["--speaker", "1=alice"], "Speaker 2 speaks in the script but has no voice: add --speaker 2=VOICE"),
     (["--speaker", "1=alice", "--speaker", "2=alice", "--speaker", "3=alice"], "a voice is given for Speaker 3, who does not speak"),
     (["--speaker", "alice"], "the script has speakers 1, 2: give each its voice as --speaker N=VOICE"),
-    (["--speaker", "1=alice", "--speaker", "2=nobody"], "'nobody' is neither a voice of"),
+    (["--speaker", "1=alice", "--speaker", "2=nobody"], "has no voice 'nobody' (available: alice), and it is no voice file"),
     (["--speaker", "1=alice", "--speaker", "1=alice"], "--speaker 1=alice: Speaker 1 already has a voice"),
     (["--speaker", "1=alice", "--speaker", "2=alice", "--seed", "1", "--noise", "n.npy", "--voice-latents", "mean"],
      "give either --seed or --noise with --voice-latents mean"),

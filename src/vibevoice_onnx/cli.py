@@ -82,7 +82,7 @@ def cmd_verify(args) -> int:
 def cmd_voices_import(args) -> int:
     from .runtime.voice_store import import_voice
 
-    name, summary = import_voice(Path(args.bundle), Path(args.source), args.name, args.force)
+    name, summary = import_voice(Path(args.bundle), args.source, args.name, args.force)
     if "lm_length" in summary:
         print(f"imported voice '{name}': lm {summary['lm_length']} and tts_lm {summary['tts_lm_length']} cached positions")
     else:
@@ -288,6 +288,59 @@ def cmd_bench(args) -> int:
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
+    from .runtime.bench import record_bench
+
+    if record_bench(Path(args.bundle), report, "vibevoice-onnx bench " + " ".join(sys.argv[2:]), args.threads):
+        print(f"recorded these numbers in {Path(args.bundle) / 'manifest.json'} (bench)", file=sys.stderr)
+    return 0
+
+
+def cmd_push(args) -> int:
+    from .hub.publish import push
+
+    push(Path(args.bundle), args.repo_id, private=args.private, revision=args.revision,
+         dry_run=Path(args.dry_run) if args.dry_run else None, base_model=args.base_model,
+         log=lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from .hub.publish import pull
+
+    print(pull(args.repo_id, args.revision, Path(args.local_dir) if args.local_dir else None,
+               log=lambda line: print(line, file=sys.stderr, flush=True)))
+    return 0
+
+
+def cmd_cache_list(args) -> int:
+    from .hub.cache import cached_bundles, home_summary
+
+    entries = cached_bundles()
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    print(f"bundle cache: {home_summary()}", file=sys.stderr)
+    if not entries:
+        print("no cached bundles (a checkpoint given to speak, transcribe, serve ... is built here on first use)",
+              file=sys.stderr)
+    for entry in entries:
+        source = entry["source"]
+        origin = (f"{source['repo']}@{source.get('revision', 'main')} ({source.get('commit', '?')[:12]})"
+                  if source.get("repo") else source.get("path", "?"))
+        print(f"{origin}  {entry['kind']} {entry['variant']}  {entry['bytes'] / 1e9:.2f} GB  {entry['verdict']}  "
+              f"{entry['path']}")
+    print(f"{len(entries)} bundles, {sum(e['bytes'] for e in entries) / 1e9:.2f} GB", file=sys.stderr)
+    return 0
+
+
+def cmd_cache_remove(args) -> int:
+    from .hub.cache import remove_cached
+
+    removed = remove_cached(args.ref)
+    if not removed:
+        raise VibeVoiceError(f"no cached bundle matches '{args.ref}' (see `vibevoice-onnx cache list`)")
+    for path in removed:
+        print(f"removed {path}", file=sys.stderr)
     return 0
 
 
@@ -351,6 +404,59 @@ def cmd_demo(args) -> int:
     return 0
 
 
+MODEL_HELP = ("a bundle directory, a checkpoint directory (built and verified into the cache on first use), or a Hub "
+              "repository id ORG/NAME[@REVISION] of an upstream checkpoint or a prebuilt bundle")
+
+
+def add_model_options(p, several: bool = False) -> None:
+    """--model and the options that pick the bundle a checkpoint or Hub id stands for."""
+    p.add_argument("--model", metavar="MODEL", action="append" if several else "store",
+                   help=MODEL_HELP + (" (repeatable)" if several else ""))
+    p.add_argument("--precision", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
+                   help="the bundle of a checkpoint or Hub checkpoint to use, built on first use (default fp32); "
+                   "a bundle's own must match")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="the execution provider the bundle is for (default cpu)")
+    p.add_argument("--revision", help="a Hub repository's branch, tag or commit (as ORG/NAME@REVISION)")
+    p.add_argument("--tokenizer", metavar="PATH", help="a checkpoint without a tokenizer: this Qwen2.5 tokenizer.json "
+                   "(default: the one matching its LM, fetched from the Hub)")
+
+
+def take_models(args) -> None:
+    """The command's model, from --model or its first positional (the others then move up one), resolved to a
+    bundle directory: fetched, built and verified as the reference needs (hub.resolve_bundle)."""
+    from .hub import resolve_bundle
+
+    def resolve(ref) -> str:
+        return str(resolve_bundle(ref, precision=args.precision, device=args.device, revision=args.revision,
+                                  tokenizer=args.tokenizer))
+
+    if args.command == "serve":
+        refs = list(args.bundle or ()) + list(args.model or ())
+        if not refs:
+            raise VibeVoiceError("serve needs at least one model: a bundle, a checkpoint or a Hub id")
+        args.bundle = [resolve(ref) for ref in refs]
+        return
+    if args.command == "transcribe":
+        refs = [args.model] if args.model else args.audio[:1]
+        args.audio = args.audio if args.model else args.audio[1:]
+        if not args.audio:
+            raise VibeVoiceError("give the model and then the audio: transcribe MODEL AUDIO... (or --model MODEL AUDIO...)")
+        args.bundle = resolve(refs[0])
+        return
+    shifted = {"speak": "text", "batch": "items"}.get(args.command)
+    if args.model:
+        if shifted is None and args.bundle is not None or shifted and getattr(args, shifted) is not None:
+            raise VibeVoiceError("--model names the model: give it no positional MODEL as well")
+        if shifted:
+            setattr(args, shifted, args.bundle)
+        args.bundle = args.model
+    if args.bundle is None:
+        raise VibeVoiceError(f"{args.command} needs a model: a bundle, a checkpoint or a Hub id (or --model)")
+    if args.command == "batch" and args.items is None:
+        raise VibeVoiceError("batch needs ITEMS after the model")
+    args.bundle = resolve(args.bundle)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vibevoice-onnx",
@@ -393,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP)
+    add_model_options(p)
     p.add_argument("--checkpoint", metavar="DIR", help="the source checkpoint (default: the one recorded at build)")
     p.add_argument("--voice", metavar="NAME", help="run the closed loop from this bundle voice "
                    "(default: a prompt the reference computes from the checkpoint)")
@@ -404,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = voices.add_parser("import", help="add a voice: an upstream preset (.pt) to a realtime bundle, an audio sample "
                           "(wav, flac, ogg, mp3; any rate and channels) to a 1.5B bundle")
     p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("source", metavar="PRESET_OR_SAMPLE")
+    p.add_argument("source", metavar="PRESET_OR_SAMPLE", help="a file, or an http(s) URL (downloaded once into the "
+                   "cache; Microsoft's realtime presets are files of its GitHub repository)")
     p.add_argument("--name", help="voice name (default: the file's name without extension)")
     p.add_argument("--force", action="store_true", help="replace a voice of the same name")
     p.set_defaults(func=cmd_voices_import)
@@ -414,11 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_voices_list)
 
     p = sub.add_parser("speak", help="synthesise speech with a realtime or 1.5B bundle (no PyTorch needed)")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP + " (or --model; then the text comes first)")
+    add_model_options(p)
     p.add_argument("text", nargs="?", metavar="TEXT", help="text (realtime) or a script of 'Speaker N: text' lines (1.5B); "
                    "or -f FILE, or standard input")
     p.add_argument("-f", "--file", metavar="TEXT_FILE")
-    p.add_argument("--voice", metavar="NAME", help="realtime: a voice of the bundle (default: the first)")
+    p.add_argument("--voice", metavar="VOICE", help="realtime: a voice of the bundle (default: the first), or an "
+                   "upstream preset (.pt) by path or http(s) URL (downloaded once)")
     p.add_argument("--speaker", action="append", metavar="N=VOICE", help="the voice of script speaker N (repeat for each "
                    "speaker; a lone speaker may omit N=). 1.5B: a bundle voice or an audio file; realtime: a bundle "
                    "voice, and the script is spoken as a dialogue, one fresh generation per line")
@@ -454,9 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("transcribe", help="transcribe audio files with an ASR bundle (speakers, timestamps)")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("audio", nargs="+", metavar="AUDIO", help="files soundfile reads (any rate and channel count); with "
-                   "--stream, '-' reads raw S16_LE mono PCM from standard input")
+    p.add_argument("audio", nargs="+", metavar="[MODEL] AUDIO", help="the model (" + MODEL_HELP + "; or --model), "
+                   "then files soundfile reads (any rate and channel count); with --stream, '-' reads raw S16_LE "
+                   "mono PCM from standard input")
+    add_model_options(p)
     p.add_argument("--format", choices=["json", "srt", "vtt", "txt", "raw"],
                    help="default json; with --stream txt (a line per chunk) or json (JSON Lines)")
     p.add_argument("--stream", action="store_true", help="ASR-Streaming bundles: print each chunk's text as it is "
@@ -486,8 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "optionally \"id\", \"hotwords\", \"seed\", \"max_new_tokens\"} a line")):
         t = tasks.add_parser(task, help=f"batch {task}: OUT/{'audio/ID.wav' if task == 'synthesize' else 'transcripts/ID.json'}"
                              ", OUT/manifest.jsonl and OUT/manifest.parquet")
-        t.add_argument("bundle", metavar="BUNDLE_DIR")
-        t.add_argument("items", metavar="ITEMS", help=items_help)
+        t.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP + " (or --model)")
+        t.add_argument("items", nargs="?", metavar="ITEMS", help=items_help)
+        add_model_options(t)
         t.add_argument("-o", "--output", required=True, metavar="OUT", help="the job's folder; a rerun skips the items "
                        "already complete there and redoes the rest")
         t.add_argument("--address", help="a running Ray cluster (ray start --head ...); default: a local one for the job")
@@ -505,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "per-graph cost, weight bytes per latent against this machine's memory bandwidth, peak memory, "
                        "and how the cost per latent and the memory move over a long run; an ASR bundle: tokens per "
                        "second of one or several batched transcriptions")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP + " (or --model)")
+    add_model_options(p)
     p.add_argument("--reference", metavar="CHECKPOINT_DIR", help="also run the PyTorch reference on the same weights, "
                    "text, voice and noise, in the same run")
     p.add_argument("--frames", type=cli_type("max_frames"), default=48, metavar="N",
@@ -529,7 +642,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible speech and transcription server over bundles (serve extra)")
-    p.add_argument("bundle", nargs="+", metavar="BUNDLE_DIR", help="realtime, 1.5B and ASR bundles, in any mix")
+    p.add_argument("bundle", nargs="*", metavar="MODEL", help="realtime, 1.5B and ASR models, in any mix: " + MODEL_HELP)
+    add_model_options(p, several=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
@@ -558,6 +672,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autoscale", metavar="MIN:MAX", help="with --ray: between MIN and MAX replicas, one more while "
                    "each has more than --max-active requests going")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("push", help="upload a verified bundle to the Hugging Face Hub, with a model card made from "
+                       "its manifest (gates, quantization, files, bench numbers)")
+    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("repo_id", metavar="REPO_ID", help="ORG/NAME (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if missing; default main)")
+    p.add_argument("--base-model", metavar="ORG/NAME", help="the card's base_model (default: the Hub checkpoint the "
+                   "bundle was built from, where it was)")
+    p.add_argument("--dry-run", metavar="DIR", help="write exactly what would be uploaded into DIR, upload nothing")
+    p.set_defaults(func=cmd_push)
+
+    p = sub.add_parser("pull", help="download a prebuilt bundle from the Hub and check every file against the "
+                       "sha256 its manifest records (no torch needed)")
+    p.add_argument("repo_id", metavar="REPO_ID", help="ORG/NAME or ORG/NAME@REVISION")
+    p.add_argument("--revision", help="a branch, tag or commit")
+    p.add_argument("--local-dir", metavar="DIR", help="also copy the checked bundle into DIR (a folder of your own, "
+                   "say to import voices into); default: use it from the Hugging Face cache")
+    p.set_defaults(func=cmd_pull)
+
+    cache = sub.add_parser("cache", help="the bundles built from checkpoints on first use ($VIBEVOICE_ONNX_HOME, "
+                           "default ~/.cache/vibevoice-onnx)").add_subparsers(dest="cache_command", required=True,
+                                                                              metavar="ACTION")
+    p = cache.add_parser("list", help="each cached bundle: its source, kind, variant, size and verdict")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cache_list)
+    p = cache.add_parser("remove", help="free a source's cached bundles")
+    p.add_argument("ref", metavar="REF", help="ORG/NAME (its bundles of every commit), ORG/NAME@REVISION, a "
+                   "checkpoint directory, or a bundle's path")
+    p.set_defaults(func=cmd_cache_remove)
 
     p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")
@@ -618,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             from .runtime.bundle import share_threads
 
             share_threads(args.threads)
+        if hasattr(args, "model"):
+            take_models(args)
         return args.func(args)
     except VibeVoiceError as e:
         print(f"error: {e}", file=sys.stderr)

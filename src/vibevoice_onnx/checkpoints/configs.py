@@ -28,6 +28,12 @@ STREAMING_TOKENS = {"<|text_chunk_end|>": 151665, "<|AUDIO|>": 151666, "<|audio_
 # Long-form multi-speaker TTS: VibeVoice-1.5B and VibeVoice-Large (7B), one architecture, one loop; Large's LM
 # head is untied (a top-level lm_head.weight), the 1.5B's is the token embedding.
 LONG_FORM_KINDS = ("1.5b", "large")
+TTS_KINDS = ("realtime", *LONG_FORM_KINDS)
+
+# The VibeVoice TTS and ASR repositories ship no tokenizer: theirs is Qwen2.5's, whose repository is told by the LM's
+# width (the released sizes: 0.5B, 1.5B, 7B); a checkpoint of another width (a synthetic one) names it in its
+# preprocessor_config.json (language_model_pretrained_name), as upstream's processors read it.
+QWEN_TOKENIZERS = {896: "Qwen/Qwen2.5-0.5B", 1536: "Qwen/Qwen2.5-1.5B", 3584: "Qwen/Qwen2.5-7B"}
 
 # The Qwen2.5 added tokens (the VibeVoice models use several, facts sheet section 8), at their real ids.
 QWEN_SPECIAL_TOKENS = {
@@ -609,3 +615,21 @@ def tiny_config(kind: str, vocab: int, special_ids: dict[str, int], variant: str
     if kind == "realtime":
         config["tts_backbone_num_hidden_layers"] = 4
     return config
+
+
+def tokenizer_repo(dims: ModelDims, preprocessor: dict | None) -> str | None:
+    """The Hub repository of the Qwen2.5 tokenizer that matches the checkpoint's LM (QWEN_TOKENIZERS), or None."""
+    if dims.lm.hidden in QWEN_TOKENIZERS:
+        return QWEN_TOKENIZERS[dims.lm.hidden]
+    named = (preprocessor or {}).get("language_model_pretrained_name")
+    return named if isinstance(named, str) and named.startswith("Qwen/Qwen2.5") else None
+
+
+def tts_preprocessor(kind: str) -> dict:
+    """The preprocessor_config.json that upstream's TTS repositories ship (facts sheet 2.1, 11.3): the audio
+    processor's settings and the Qwen2.5 repository whose tokenizer the model uses, named by its released size."""
+    return {"processor_class": "VibeVoiceStreamingProcessor" if kind == "realtime" else "VibeVoiceProcessor",
+            "speech_tok_compress_ratio": 3200, "db_normalize": True,
+            "language_model_pretrained_name": QWEN_TOKENIZERS[model_dims(full_config(kind)).lm.hidden],
+            "audio_processor": {"feature_extractor_type": "VibeVoiceTokenizerProcessor", "sampling_rate": 24000,
+                                "normalize_audio": True, "target_dB_FS": -25, "eps": 1e-06}}

@@ -6,6 +6,7 @@ is caught here), which keeps `inspect` fast on a 16 GB checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,3 +116,13 @@ def open_checkpoint(root: Path) -> CheckpointFiles:
         if stray:
             raise CheckpointError(f"{root / tensors[stray[0]].file}: holds '{stray[0]}', which {INDEX_FILE} does not list")
     return CheckpointFiles(root, config, shards, tensors, sharded)
+
+
+def checkpoint_hash(root: Path, files: CheckpointFiles) -> str:
+    """The checkpoint's identity: sha256 over config.json and its weight files, as bundles record it."""
+    digest = hashlib.sha256()
+    for name in ("config.json", *files.shards):
+        with open(Path(root) / name, "rb") as f:
+            while block := f.read(16 * 2**20):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()

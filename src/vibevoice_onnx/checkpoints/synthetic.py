@@ -22,8 +22,8 @@ from ..errors import VibeVoiceError
 from ..options import check
 from ..outputs import atomic_directory
 from .configs import (
-    KINDS, LONG_FORM_KINDS, PREPROCESSOR_CONFIG, STREAMING_PREPROCESSOR, STREAMING_TOKENS, STREAMING_VARIANTS, full_config,
-    model_dims, tiny_config,
+    KINDS, LONG_FORM_KINDS, PREPROCESSOR_CONFIG, STREAMING_PREPROCESSOR, STREAMING_TOKENS, STREAMING_VARIANTS, TTS_KINDS,
+    full_config, model_dims, tiny_config, tts_preprocessor,
 )
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
@@ -183,8 +183,9 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
          f"{layout.parameters:,} parameters, {dtype}")
     with atomic_directory(out, _log) as partial:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if streaming:
-            (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(STREAMING_PREPROCESSOR, indent=2) + "\n")
+        preprocessor = STREAMING_PREPROCESSOR if streaming else tts_preprocessor(kind) if kind in TTS_KINDS else None
+        if preprocessor is not None:
+            (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor, indent=2) + "\n")
         tokenizer.save(str(partial / "tokenizer.json"))
         write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind in LONG_FORM_KINDS else None)
         if extras is not None:

@@ -6,7 +6,6 @@ end, so an interrupted or failed build never leaves a bundle that looks complete
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -19,10 +18,10 @@ import onnx
 from safetensors.numpy import save_file
 
 from ..checkpoints.configs import model_dims
-from ..checkpoints.files import open_checkpoint
+from ..checkpoints.files import checkpoint_hash, open_checkpoint
 from ..errors import VibeVoiceError
 from ..outputs import atomic_directory
-from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST
+from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from .graphs import OPSET, export_graph
 
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
@@ -48,15 +47,6 @@ def resolve_tokenizer(checkpoint: Path, tokenizer: Path | None) -> Path:
         f"{checkpoint}: the checkpoint has no tokenizer.json (upstream ships none); pass --tokenizer with a "
         "Qwen2.5 tokenizer.json file or a directory holding one (Qwen/Qwen2.5-0.5B for the realtime model)"
     )
-
-
-def checkpoint_hash(root: Path, files) -> str:
-    digest = hashlib.sha256()
-    for name in ("config.json", *files.shards):
-        with open(root / name, "rb") as f:
-            while block := f.read(16 * 2**20):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest()
 
 
 def _value_info(values) -> list[dict]:
@@ -96,7 +86,7 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
     if not (old_bundle / "voices").is_dir():
         return
-    bundle = Bundle(new_bundle)
+    bundle, kept = Bundle(new_bundle), []
     for voice in sorted((old_bundle / "voices").glob("*.safetensors")):
         try:
             bundle.check_voice_file(voice)
@@ -104,7 +94,10 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
             log(f"  not keeping voice {voice.stem}: {e}")
             continue
         shutil.copyfile(voice, new_bundle / "voices" / voice.name)
+        kept.append(f"voices/{voice.name}")
         log(f"  kept voice {voice.stem} from the previous bundle")
+    if kept:
+        write_manifest(new_bundle, record_files(new_bundle, bundle.manifest, kept))
 
 
 def _exporter(kind: str):
@@ -231,9 +224,20 @@ def _preprocessor(checkpoint: Path, kind: str) -> dict:
     return {"preprocessor": preprocessor} if preprocessor is not None else {}
 
 
+def build_cost(kind: str, precision: str, parameters: int) -> tuple[float, float]:
+    """(minutes, peak GB) of a first build and verify of a checkpoint of `parameters`, scaled from the full-size
+    build and verify the kind's exporter measured on 2 cores (its BUILD_COST: seconds and peak GB per billion
+    parameters, by precision; a precision it did not measure takes its fp32 cost)."""
+    cost = _exporter(kind).BUILD_COST
+    seconds_per_billion, gb_per_billion = cost.get(precision, cost["fp32"])
+    billions = parameters / 1e9
+    return seconds_per_billion * billions / 60, max(1.0, gb_per_billion * billions)
+
+
 def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
-                 tokenizer: Path | None = None, profile=None) -> Path:
-    """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile."""
+                 tokenizer: Path | None = None, profile=None, origin: dict | None = None) -> Path:
+    """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile. `origin`: what else the
+    manifest records of where the checkpoint came from (a Hub repository, its commit, the tokenizer's)."""
     check_variant(device, precision)
     checkpoint = Path(checkpoint)
     files = open_checkpoint(checkpoint)
@@ -274,7 +278,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "precision": precision,
             "device": device,
             "opset": OPSET,
-            "source": {"path": str(checkpoint.resolve()), "hash": source_hash},
+            "source": {"path": str(checkpoint.resolve()), "hash": source_hash, **(origin or {})},
             "config": files.config,
             **preprocessor,
             "tokenizer": {"file": "tokenizer.json", "from": str(tokenizer_path.resolve())},
@@ -285,6 +289,6 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "parity": None,  # filled by `vibevoice-onnx verify`
             **({"profile": profile_record} if profile_record else {}),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(record_files(tmp, manifest), indent=2) + "\n")
     log(f"built {final} in {time.perf_counter() - started:.1f} s")
     return final

@@ -8,6 +8,11 @@ import torch
 from ..reference.realtime import RealtimeModel
 from .graphs import BATCH, GraphSpec, connector_spec, decoder_specs, head_specs, lm_spec
 
+# Seconds and peak GB per billion parameters of a first build + verify on 2 cores (build_cost): the full-size
+# synthetic checkpoint (1.02 B parameters) built and verified in 216 s at an 11.2 GB peak through the local
+# stand-in for the Hub (benchmarks/first_use.py, 2026-12-04).
+BUILD_COST = {"fp32": (212.0, 11.0)}
+
 
 def load_model(checkpoint):
     from ..reference.loading import load_realtime

@@ -8,6 +8,10 @@ import torch
 from ..reference.tts15b import Tts15bReference
 from .graphs import GraphSpec, connector_spec, decoder_specs, encoder_spec, head_specs, lm_spec, streaming_encoder_spec
 
+# Seconds and peak GB per billion parameters of a first build + verify on 2 cores (build_cost), from the
+# full-size synthetic 1.5B (2.7 B parameters; int8 verify 307 s at 11.9 GB, README).
+BUILD_COST = {"fp32": (220.0, 5.5)}
+
 
 def load_model(checkpoint):
     from ..reference.tts15b import load_tts15b

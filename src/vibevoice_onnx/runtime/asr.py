@@ -17,6 +17,7 @@ from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, tr
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
 from .bundle import Bundle
+from .pretrained import FromPretrained
 from .batch import BATCH_CAPACITY, MemberBackend, StreamBatch, row_executor
 from .lm import KvCache, OnnxLm, StreamingConv
 
@@ -132,7 +133,7 @@ class Transcript:
     readable: str | None = None  # the text to show where it is not the segments' (ASR-Streaming: the chunks' text)
 
 
-class Transcriber:
+class Transcriber(FromPretrained):
     """An ASR bundle opened for transcription (onnxruntime + numpy only)."""
 
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):

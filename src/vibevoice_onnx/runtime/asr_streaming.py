@@ -28,6 +28,7 @@ from ..generation.asr_streaming import (MAX_TOKENS_PER_CHUNK, ChunkResult, Strea
                                         chunk_segments)
 from .asr import OnnxAsrBackend, Transcript
 from .bundle import Bundle
+from .pretrained import FromPretrained
 
 F32 = np.float32
 KIND = "asr-streaming"
@@ -76,7 +77,7 @@ def open_streaming_bundle(bundle: Bundle | str | Path, threads: int | None = Non
     return bundle
 
 
-class StreamingTranscriber:
+class StreamingTranscriber(FromPretrained):
     """One live transcription session on an ASR-Streaming bundle (onnxruntime + numpy only). A Bundle object
     may be shared by many sessions: its graphs are opened once. `seed` seeds upstream's acoustic noise (random
     without it); `mean_latents` uses the encoder means instead (deterministic). `encode_ahead=N`: encode each

@@ -352,6 +352,51 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     return report
 
 
+def cpu_description() -> str:
+    """This machine's processor and the instruction sets that decide onnxruntime's kernels here."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    flags = next((set(line.split(":")[1].split()) for line in info if line.startswith("flags")), set())
+    model = next((line.split(":")[1].strip() for line in info if line.startswith("model name")), "?")
+    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
+    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
+
+
+def summary(report: dict) -> dict:
+    """The headline numbers of one bench report, as a bundle records them (a pushed bundle's model card shows them)."""
+    if "tokens" in report:
+        alone = report["alone"]
+        return {"tokens per second, one transcription": round(alone["tokens_per_second"], 2),
+                "peak memory": f"{report['peak_memory_bytes'] / 1e9:.2f} GB"}
+    if "streams" in report:
+        return {f"throughput of {report['streams']} batched streams": f"{report['throughput_ratio']:.2f}x one stream",
+                "peak memory": f"{report['peak_memory_bytes'] / 1e9:.2f} GB"}
+    runtime = report["runtime"]
+    return {"real-time factor": round(runtime["real_time_factor"], 3),
+            "first audio": f"{1000 * runtime['first_audio_seconds']:.0f} ms",
+            "peak memory": f"{runtime['peak_memory_bytes'] / 1e9:.2f} GB", "latents": runtime["frames"]}
+
+
+def record_bench(bundle_dir: Path, report: dict, command: str, threads: int | None) -> bool:
+    """Keep the report's headline numbers in the bundle's manifest (`bench`), with the command, date and CPU;
+    False where the bundle is read-only (a bundle in the Hugging Face cache is never changed)."""
+    import datetime
+
+    from .bundle import MANIFEST, write_manifest
+
+    bundle = Bundle(Path(bundle_dir))
+    if (bundle.path / MANIFEST).is_symlink() or not os.access(bundle.path, os.W_OK):
+        return False
+    record = {"date": datetime.date.today().isoformat(), "command": command, "cpu": cpu_description(),
+              "threads": threads or len(os.sched_getaffinity(0)), "results": summary(report)}
+    write_manifest(bundle.path, dict(bundle.manifest, bench=record), "recording the bench numbers")
+    return True
+
+
 def format_streams_report(report: dict) -> str:
     alone, together = report["alone"], report["together"]
     lines = [f"bundle        {report['bundle']} ({report['kind']} {report['precision']}, gates {report['gates']}), "

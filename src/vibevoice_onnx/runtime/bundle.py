@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from functools import cached_property
@@ -19,6 +20,7 @@ FORMAT_VERSION = 4  # 2: the diffusion head split in two graphs; 3: one streamin
 # 4: LM graphs over fixed-capacity KV caches written in place (GroupQueryAttention)
 MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
+MODEL_CARD = "README.md"  # a pushed bundle's model card: documentation, never loaded
 VOICES = "voices"
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -59,6 +61,43 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray]:
         tensors[name] = (np.memmap(path, dtype, "r", start + begin, shape).view(np.ndarray) if end > begin
                          else np.zeros(shape, dtype))  # plain arrays over the map (the map stays open as their base)
     return tensors
+
+
+def file_record(path: Path) -> dict:
+    """A file's size and sha256, as the manifest's `files` record keeps them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(16 * 2**20):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def bundle_files(root: Path) -> list[str]:
+    """Every file of a bundle directory but its manifest, as relative POSIX paths (voices/NAME.safetensors)."""
+    root = Path(root)
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and p.name not in (MANIFEST, MODEL_CARD) and not p.name.startswith("."))
+
+
+def write_manifest(bundle_dir: Path, manifest: dict, action: str = "writing the manifest") -> None:
+    """Replace a bundle's manifest atomically (a reader sees the old one or the new one, never half)."""
+    from ..outputs import atomic_file
+
+    with atomic_file(Path(bundle_dir) / MANIFEST, action) as partial:
+        partial.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def record_files(bundle_dir: Path, manifest: dict, names: list[str] | None = None) -> dict:
+    """`manifest` with the sizes and sha256 of `names` (default: every file of the bundle) recorded under
+    `files`, where pull and push check them; a name no longer on disk leaves the record."""
+    root = Path(bundle_dir)
+    files = dict(manifest.get("files") or {})
+    for name in bundle_files(root) if names is None else names:
+        if (root / name).is_file():
+            files[name] = file_record(root / name)
+        else:
+            files.pop(name, None)
+    return {**manifest, "files": dict(sorted(files.items()))}
 
 
 def damaged(path: Path, problem: str) -> BundleError:
@@ -208,6 +247,7 @@ class Bundle:
         self.session_options = session_options
         self.threads = check_optional("threads", threads)
         self._sessions: dict = {}
+        self._voice_files: dict = {}  # voices given as files or URLs, read once
         self.timings: dict[str, list[float]] | None = None  # graph -> seconds per call, once time_calls() is on
 
     def default_providers(self) -> list[str]:
@@ -272,6 +312,26 @@ class Bundle:
         if not parity and precision != "fp32":
             raise BundleError(f"{self.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
                               f"{self.path}` first (its closed loop must pass), or pass --force (force=True)")
+
+    def check_files(self) -> None:
+        """Every file of the bundle is the one its manifest records (size and sha256), and no file is there that
+        it does not record: what pull and push rely on, whoever changed a file on the way."""
+        recorded = self.manifest.get("files")
+        if not isinstance(recorded, dict) or not recorded:
+            raise BundleError(f"{self.path}: its manifest records no file hashes, so its files cannot be checked "
+                              "(build it again with this version)")
+        present = bundle_files(self.path)
+        for name in present:
+            if name not in recorded:
+                raise BundleError(f"{self.path / name}: this file is not one the bundle's manifest records; "
+                                  "the bundle was changed after it was built, so it is refused")
+        for name, expected in recorded.items():
+            if name not in present:
+                raise BundleError(f"{self.path / name}: this file of the bundle is missing")
+            if not isinstance(expected, dict) or file_record(self.path / name) != {
+                    "size": expected.get("size"), "sha256": expected.get("sha256")}:
+                raise BundleError(f"{self.path / name}: this file does not match the sha256 its manifest records; "
+                                  "it was changed or damaged on the way, so the bundle is refused")
 
     def session(self, name: str):
         if name not in self._sessions:
@@ -340,13 +400,35 @@ class Bundle:
         folder = self.path / VOICES
         return sorted(p.name[: -len(".safetensors")] for p in folder.glob("*.safetensors")) if folder.is_dir() else []
 
-    def voice(self, name: str):
-        """A voice of the bundle: a cached prompt (realtime) or a voice sample (1.5B)."""
-        path = voice_path(self.path, name)
-        if not path.is_file():
-            available = ", ".join(self.voices()) or "none; import one with `vibevoice-onnx voices import`"
-            raise VibeVoiceError(f"{self.path}: has no voice '{name}' (available: {available})")
-        return self.check_voice_file(path)
+    def voice(self, spec: str):
+        """A voice: one of the bundle's by name (a cached prompt for realtime, a voice sample for 1.5B and Large),
+        or a voice file by path or http(s) URL (downloaded once into the cache): an upstream preset (.pt) for
+        realtime, an audio sample for 1.5B and Large, read as `voices import` reads it."""
+        spec = str(spec)
+        if spec in self.voices():
+            return self.check_voice_file(voice_path(self.path, spec))
+        from ..hub.home import is_url, local_file
+
+        if is_url(spec) or Path(spec).is_file():
+            if spec not in self._voice_files:
+                self._voice_files[spec] = self.read_voice_source(local_file(spec))
+            return self._voice_files[spec]
+        available = ", ".join(self.voices()) or "none; import one with `vibevoice-onnx voices import`"
+        raise VibeVoiceError(f"{self.path}: has no voice '{spec}' (available: {available}), and it is no voice file "
+                             "or http(s) URL")
+
+    def read_voice_source(self, path: Path):
+        """A voice from a file as users have them (an upstream preset for realtime, any audio for 1.5B and Large),
+        refused where it does not fit this model."""
+        if self.kind == "realtime":
+            from ..voices import read_upstream_preset
+
+            prompt = read_upstream_preset(Path(path))
+            check_voice_fits(prompt, self.expected_voice_shapes(), str(path))
+            return prompt
+        from ..audio import voice_from_file
+
+        return voice_from_file(Path(path))
 
     def check_voice_file(self, path: Path):
         """Read a voice file of this bundle's kind, refusing one that does not fit the model."""

@@ -17,6 +17,7 @@ from ..generation.common import require_finite
 from ..options import check_optional
 from ..sampling import NoiseSource
 from .bundle import Bundle
+from .pretrained import FromPretrained
 
 F32 = np.float32
 
@@ -59,7 +60,7 @@ class Speech:
         return self.result.samples / SAMPLE_RATE
 
 
-class TtsModel:
+class TtsModel(FromPretrained):
     """A TTS bundle of one kind, opened for generation (subclasses: RealtimeTTS, LongFormTTS)."""
 
     kind = ""

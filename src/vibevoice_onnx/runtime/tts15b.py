@@ -14,7 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..audio import VoiceSample, voice_from_file
+from ..audio import VoiceSample
 from ..checkpoints.configs import LONG_FORM_KINDS
 from ..errors import VibeVoiceError
 from ..generation.tts15b import (MAX_LENGTH_TIMES, LongFormResult, TokenIds, long_form_frames, prompt_embeddings,
@@ -235,16 +235,8 @@ class LongFormTTS(TtsModel):
         return OnnxTts15bBackend(self.bundle)
 
     def voice(self, spec: str | Path | VoiceSample) -> VoiceSample:
-        """A voice sample: one of the bundle's voices by name, an audio file, or a VoiceSample as it is."""
-        if isinstance(spec, VoiceSample):
-            return spec
-        spec = str(spec)
-        if spec in self.bundle.voices():
-            return self.bundle.voice(spec)
-        if Path(spec).is_file():
-            return voice_from_file(Path(spec))
-        available = ", ".join(self.bundle.voices()) or "none imported"
-        raise VibeVoiceError(f"'{spec}' is neither a voice of {self.bundle.path} (available: {available}) nor an audio file")
+        """A voice sample: one of the bundle's voices by name, an audio file or URL, or a VoiceSample as it is."""
+        return spec if isinstance(spec, VoiceSample) else self.bundle.voice(str(spec))
 
     def stream(self, script: str, speakers: Speakers, cfg_scale: float = 1.3, steps: int = 10, seed: int | None = None,
                noise: NoiseSource | None = None, voice_latents: str = "sample", max_frames: int | None = None,

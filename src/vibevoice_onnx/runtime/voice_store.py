@@ -9,31 +9,32 @@ from pathlib import Path
 
 from ..errors import VibeVoiceError
 from ..outputs import atomic_file, os_error_message, remove_stale_partials
-from ..audio import VoiceSample, save_voice_sample, voice_from_file
-from ..voices import check_voice_fits, read_upstream_preset, save_voice
+from ..audio import VoiceSample, save_voice_sample
+from ..voices import save_voice
 from ..checkpoints.configs import LONG_FORM_KINDS
-from .bundle import Bundle, voice_path
+from .bundle import Bundle, record_files, voice_path, write_manifest
 
 
-def import_voice(bundle_dir: Path, source: Path, name: str | None = None, force: bool = False) -> tuple[str, dict]:
-    """Add a voice to a bundle: an upstream preset (.pt) for realtime, an audio sample for 1.5B and Large."""
+def import_voice(bundle_dir: Path, source: Path | str, name: str | None = None, force: bool = False) -> tuple[str, dict]:
+    """Add a voice to a bundle: an upstream preset (.pt) for realtime, an audio sample for 1.5B and Large; from a
+    file, or an http(s) URL downloaded once into the cache."""
+    from ..hub.home import local_file
+
     bundle = Bundle(bundle_dir)
     if bundle.kind not in ("realtime", *LONG_FORM_KINDS):
         raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' has no voices")
-    source = Path(source)
+    source = local_file(source)
     if not source.is_file():
         raise VibeVoiceError(f"{source}: no such {'preset' if bundle.kind == 'realtime' else 'audio'} file")
     name = name or source.stem
     target = voice_path(bundle.path, name)
     if target.exists() and not force:
         raise VibeVoiceError(f"{bundle.path}: already has a voice '{name}' (choose another --name, or --force)")
+    voice = bundle.read_voice_source(source)
     if bundle.kind == "realtime":
-        prompt = read_upstream_preset(source)
-        check_voice_fits(prompt, bundle.expected_voice_shapes(), str(source))
-        write = partial(save_voice, prompt, metadata={"source": source.name, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()})
-        summary = prompt.shape_summary()
+        write = partial(save_voice, voice, metadata={"source": source.name, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()})
+        summary = voice.shape_summary()
     else:
-        voice = voice_from_file(source)
         write = partial(save_voice_sample, voice)
         summary = voice_summary(voice)
     try:
@@ -43,6 +44,9 @@ def import_voice(bundle_dir: Path, source: Path, name: str | None = None, force:
     remove_stale_partials(target.parent, log=lambda m: print(m, file=sys.stderr))
     with atomic_file(target, "writing the voice") as temporary:
         write(temporary)
+    relative = target.relative_to(bundle.path).as_posix()
+    write_manifest(bundle.path, record_files(bundle.path, Bundle(bundle.path).manifest, [relative]),
+                   "recording the voice in the manifest")
     return name, summary
 
 

@@ -11,9 +11,7 @@ from ..runtime.asr import ASR_KINDS, Transcriber
 from ..runtime.asr_streaming import StreamingModel
 from ..runtime.bundle import Bundle
 from ..runtime.speech import TtsModel, open_tts
-from ..checkpoints.configs import LONG_FORM_KINDS
-
-TTS_KINDS = ("realtime", *LONG_FORM_KINDS)
+from ..checkpoints.configs import TTS_KINDS
 # OpenAI's model names go to the first bundle that does what they do, so unmodified clients work.
 OPENAI_MODELS = {"tts-1": "tts", "tts-1-hd": "tts", "gpt-4o-mini-tts": "tts",
                  "whisper-1": "asr", "gpt-4o-transcribe": "asr", "gpt-4o-mini-transcribe": "asr"}

@@ -7,7 +7,6 @@ A graph passes with cosine >= 0.99, or max|Δ| <= 1e-4 where the reference outpu
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,9 +17,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
-from ..runtime.bundle import MANIFEST, Bundle
+from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
 
 MIN_COSINE = 0.99  # a graph against itself (KV incremental == prefill, streamed == whole) at any precision
@@ -355,8 +353,7 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
     bundle = Bundle(Path(bundle_dir))
     module = gates_of(bundle.kind)
     checkpoint = resolve_checkpoint(bundle, checkpoint)
-    from ..checkpoints.files import open_checkpoint
-    from ..export.build import checkpoint_hash
+    from ..checkpoints.files import checkpoint_hash, open_checkpoint
 
     if checkpoint_hash(checkpoint, open_checkpoint(checkpoint)) != bundle.manifest["source"]["hash"]:
         raise VibeVoiceError(f"{checkpoint}: is not the checkpoint this bundle was built from (its hash differs)")
@@ -375,10 +372,8 @@ def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str |
         "passed": all(g.passed for g in gates),
         "gates": [asdict(g) for g in gates],
     }
-    manifest = dict(bundle.manifest, parity=record)
     try:
-        with atomic_file(bundle.path / MANIFEST, "recording the results") as partial:
-            partial.write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(bundle.path, dict(bundle.manifest, parity=record), "recording the results")
     except VibeVoiceError as e:
         record["not_recorded"] = str(e)
     return record

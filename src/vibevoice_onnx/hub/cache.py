@@ -1,0 +1,257 @@
+"""Bundles built from checkpoints, kept under $VIBEVOICE_ONNX_HOME/bundles and keyed by their source.
+
+A source is a Hub repository at one commit (ORG--NAME--COMMIT) or a local checkpoint by its content hash
+(local--HASH). Under it, bundles live as `build` lays them out: KIND/DEVICE_PRECISION. The first use builds
+and verifies; a later one finds the bundle and starts at once. One lock per source makes two processes that
+ask at once build it once, and `build` writes each bundle atomically, so a build killed halfway leaves
+nothing that looks like a bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checkpoints.configs import model_dims
+from ..checkpoints.files import checkpoint_hash, open_checkpoint
+from ..errors import VibeVoiceError
+from ..runtime.bundle import MANIFEST, Bundle
+from .home import home
+from .repos import HubRef
+
+SOURCE_RECORD = "source.json"
+
+
+def bundles_root() -> Path:
+    return home() / "bundles"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a cached bundle's checkpoint came from: `key` names its folder; `record` goes into its manifest."""
+
+    key: str
+    record: dict
+
+    @classmethod
+    def hub(cls, ref: HubRef, commit: str) -> "Source":
+        return cls(f"{ref.folder_name}--{commit}", {"repo": ref.repo, "revision": ref.revision or "main",
+                                                    "commit": commit})
+
+    @classmethod
+    def local(cls, checkpoint: Path) -> "Source":
+        return cls(f"local--{local_hash(checkpoint).removeprefix('sha256:')[:24]}",
+                   {"path": str(Path(checkpoint).resolve())})
+
+    @property
+    def folder(self) -> Path:
+        return bundles_root() / self.key
+
+    def bundle(self, kind: str, device: str, precision: str) -> Path:
+        return self.folder / kind / f"{device}_{precision}"
+
+
+def local_hash(checkpoint: Path) -> str:
+    """A local checkpoint's content hash (build's own), remembered by its files' sizes and times, so a
+    checkpoint of 17 GB is read once, not at every use."""
+    checkpoint = Path(checkpoint).resolve()
+    files = open_checkpoint(checkpoint)
+    stamp = [[name, (checkpoint / name).stat().st_size, (checkpoint / name).stat().st_mtime_ns]
+             for name in ("config.json", *files.shards)]
+    memo = home() / "hashes" / (checkpoint_hash_key(checkpoint) + ".json")
+    try:
+        known = json.loads(memo.read_text())
+        if known.get("stamp") == stamp and known.get("path") == str(checkpoint):
+            return known["hash"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    print(f"hashing {checkpoint} (once; later uses remember it)", file=sys.stderr, flush=True)
+    digest = checkpoint_hash(checkpoint, files)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(memo, {"path": str(checkpoint), "stamp": stamp, "hash": digest})
+    return digest
+
+
+def checkpoint_hash_key(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from ..outputs import atomic_file
+
+    with atomic_file(path, "writing the cache record") as partial:
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def remember_commit(ref: HubRef, commit: str) -> None:
+    """What `ref` resolved to, so that offline it still finds the bundle built from it."""
+    path = bundles_root() / "refs" / ref.folder_name / (ref.revision or "main").replace("/", "--")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != commit:
+        path.write_text(commit)
+
+
+def remembered_commit(ref: HubRef) -> str | None:
+    path = bundles_root() / "refs" / ref.folder_name / (ref.revision or "main").replace("/", "--")
+    return path.read_text().strip() if path.is_file() else None
+
+
+def complete(bundle: Path) -> bool:
+    return (bundle / MANIFEST).is_file()
+
+
+def source_lock(source: Source):
+    """An inter-process lock for one source's bundles (filelock: what huggingface_hub locks its cache with)."""
+    from filelock import FileLock
+
+    source.folder.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(source.folder) + ".lock")
+
+
+def build_and_verify(checkpoint: Path, source: Source, precision: str, device: str, tokenizer: Path | None,
+                     log) -> Path:
+    """The cached bundle of `checkpoint` at this precision and device: built and verified on first use (under
+    the source's lock), found at once later. Its verdict is recorded in its manifest, as `verify` records it;
+    whoever opens the bundle then admits or refuses it by that verdict. The build and the verification run in a
+    child process: torch and the reference's memory are gone before the bundle is used, and this process's
+    onnxruntime settings (one shared thread pool) stay its own."""
+    dims = model_dims(open_checkpoint(checkpoint).config, str(Path(checkpoint) / "config.json"))
+    target = source.bundle(dims.kind, device, precision)
+    if complete(target) and Bundle(target).manifest.get("parity"):
+        return target
+    require_export_extra()
+    with source_lock(source):
+        if not complete(target) or not Bundle(target).manifest.get("parity"):
+            if not complete(target):
+                log(estimate(checkpoint, dims.kind, precision))
+            started = time.perf_counter()
+            _child({"checkpoint": str(checkpoint), "out_root": str(source.folder), "precision": precision,
+                    "device": device, "tokenizer": str(tokenizer) if tokenizer else None, "source": source.record})
+            _write_json(source.folder / SOURCE_RECORD, source.record)
+            parity = Bundle(target).manifest.get("parity") or {}
+            log(f"{target}: built and verified in {time.perf_counter() - started:.0f} s: "
+                + ("every gate passes" if parity.get("passed") else "FAILED its gates (" + failed_gates(parity) + ")"))
+    return target
+
+
+def failed_gates(record: dict) -> str:
+    return ", ".join(g["name"] for g in record.get("gates", []) if not g["passed"])
+
+
+def require_export_extra() -> None:
+    """Building needs the export extra (torch, transformers, onnx): said in one sentence where it is missing."""
+    import importlib.util
+
+    missing = [name for name in ("torch", "transformers", "onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise VibeVoiceError(
+            f"building a bundle from a checkpoint needs the export extra ({', '.join(missing)} not installed): "
+            "pip install 'vibevoice-onnx[export]'; or use a prebuilt bundle's Hub id (a repository that "
+            "`vibevoice-onnx push` made; `vibevoice-onnx pull ORG/NAME`), which needs no torch")
+
+
+def _child(job: dict) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.hub.cache", json.dumps(job)])
+    if done.returncode == 130 or done.returncode < 0:
+        raise KeyboardInterrupt
+    if done.returncode:
+        raise VibeVoiceError(f"building the bundle from {job['checkpoint']} failed (see above); nothing was kept")
+
+
+def _build_here(job: dict) -> int:
+    """The child's work: build (if not built), then verify (if not verified)."""
+    from ..export.build import build_bundle
+    from ..verify.common import verify_bundle
+
+    dims = model_dims(open_checkpoint(Path(job["checkpoint"])).config)
+    target = Path(job["out_root"]) / dims.kind / f"{job['device']}_{job['precision']}"
+    try:
+        if not complete(target):
+            build_bundle(Path(job["checkpoint"]), Path(job["out_root"]), job["precision"], job["device"],
+                         Path(job["tokenizer"]) if job["tokenizer"] else None, origin=job["source"])
+        if not Bundle(target).manifest.get("parity"):
+            print(f"verifying {target} against the PyTorch reference (once; the verdict is kept in the bundle)",
+                  file=sys.stderr, flush=True)
+            verify_bundle(target, Path(job["checkpoint"]))
+    except VibeVoiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def estimate(checkpoint: Path, kind: str, precision: str) -> str:
+    """What the first build will cost, from the checkpoint's size and the costs measured on full-size builds."""
+    from ..export.build import build_cost  # the export extra is there: this is about to build
+
+    files = open_checkpoint(checkpoint)
+    parameters = sum(_elements(t.shape) for t in files.tensors.values())
+    minutes, peak_gb = build_cost(kind, precision, parameters)
+    duration = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
+    return (f"first use: building and verifying a {kind} {precision} bundle from {checkpoint} "
+            f"({parameters / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
+            f"{duration} and up to {peak_gb:.1f} GB of memory (later uses start at once)")
+
+
+def _elements(shape) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def cached_bundles() -> list[dict]:
+    """Every cached bundle: its source, kind, variant, size on disk and verdict."""
+    out = []
+    root = bundles_root()
+    for manifest in sorted(root.glob(f"*/*/*/{MANIFEST}")):
+        bundle = manifest.parent
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        parity = data.get("parity")
+        out.append({"path": str(bundle), "source": data.get("source", {}), "kind": data.get("model_kind"),
+                    "variant": bundle.name, "bytes": folder_bytes(bundle),
+                    "verdict": "not verified" if not parity else "passed" if parity.get("passed") else "FAILED"})
+    return out
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def remove_cached(match: str) -> list[str]:
+    """Remove the cached bundles whose source repository, key or path is `match` (ORG/NAME, optionally
+    @REVISION, or a bundle path); returns what went."""
+    removed = []
+    for entry in cached_bundles():
+        source, path = entry["source"], Path(entry["path"])
+        names = {str(path), source.get("repo"), f"{source.get('repo')}@{source.get('revision')}", source.get("path"),
+                 path.parents[1].name}
+        if match in names or str(Path(match).resolve()) in (str(path), source.get("path")):
+            shutil.rmtree(path)
+            removed.append(str(path))
+    for folder in {Path(r).parents[1] for r in removed}:
+        if not any(folder.glob(f"*/*/{MANIFEST}")):
+            shutil.rmtree(folder, ignore_errors=True)
+            Path(str(folder) + ".lock").unlink(missing_ok=True)
+    return removed
+
+
+def home_summary() -> str:
+    return f"{home()} ({'set by VIBEVOICE_ONNX_HOME' if os.environ.get('VIBEVOICE_ONNX_HOME') else 'default'})"
+
+
+if __name__ == "__main__":
+    sys.exit(_build_here(json.loads(sys.argv[1])))
