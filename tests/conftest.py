@@ -122,3 +122,39 @@ def copy_bundle(bundle: Path, dst: Path) -> Path:
 
     shutil.copytree(bundle, dst)
     return dst
+
+
+@pytest.fixture(scope="module")
+def repos(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """Repository folders: the tiny realtime, 1.5B and ASR checkpoints (the ASR one ships its tokenizer, the TTS ones
+    none), the Qwen tokenizers the TTS ones need, and a repository that is no VibeVoice checkpoint."""
+    import json
+
+    from hub_standin import ASR_ID, REALTIME_ID, TTS15B_ID, repo_folder, tokenizer_folder
+
+    root = tmp_path_factory.mktemp("repos")
+    other = root / "bert"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 64}))
+    return {
+        REALTIME_ID: repo_folder(tiny_checkpoints["realtime"], root / "realtime"),
+        TTS15B_ID: repo_folder(tiny_checkpoints["1.5b"], root / "tts15b"),
+        ASR_ID: repo_folder(tiny_checkpoints["asr"], root / "asr", keep_tokenizer=True),
+        "Qwen/Qwen2.5-0.5B": tokenizer_folder(tiny_checkpoints["realtime"], root / "qwen05"),
+        "Qwen/Qwen2.5-1.5B": tokenizer_folder(tiny_checkpoints["1.5b"], root / "qwen15"),
+        "google-bert/bert-base-uncased": other,
+    }
+
+
+@pytest.fixture(scope="module")
+def hub(repos, tiny_preset):
+    from hub_standin import REALTIME_ID, StandInHub
+
+    with StandInHub() as hub:
+        for repo_id, folder in repos.items():
+            hub.add_repo(repo_id, folder)
+        hub.add_repo("someone/private-model", repos[REALTIME_ID], access="private")
+        hub.add_repo("someone/gated-model", repos[REALTIME_ID], access="gated")
+        hub.add_file("/voices/synthetic.pt", tiny_preset)
+        hub.add_file("/voices/again.pt", tiny_preset)
+        yield hub
