@@ -202,7 +202,14 @@ def test_pull_refuses_a_tampered_or_incomplete_bundle(first_use, hub, tmp_path):
     incomplete = shutil.copytree(staged, tmp_path / "incomplete")
     (incomplete / "eos_classifier.onnx").unlink()
     hub.add_repo("me/incomplete", incomplete)
+    escaping = shutil.copytree(staged, tmp_path / "escaping")
+    manifest = json.loads((escaping / "manifest.json").read_text())
+    manifest["files"]["../../outside.txt"] = {"size": 1, "sha256": "0" * 64}
+    (escaping / "manifest.json").write_text(json.dumps(manifest))
+    hub.add_repo("me/escaping", escaping)
     env = environment(tmp_path, hub.endpoint)
+    done = cli("pull", "me/escaping", env=env, ok=False)
+    assert done.returncode == 2 and "names '../../outside.txt' as a file of the bundle" in done.stderr
     done = cli("pull", "me/tampered", env=env, ok=False)
     assert done.returncode == 2 and "host.safetensors: this file does not match the sha256" in done.stderr
     done = cli("speak", "--model", "me/incomplete", TEXT, "-o", tmp_path / "x.wav", env=env, ok=False)

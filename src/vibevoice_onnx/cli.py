@@ -264,6 +264,8 @@ def _item_defaults(text: str | None) -> dict:
 
 
 def cmd_batch(args) -> int:
+    if args.items is None:
+        raise VibeVoiceError("batch needs ITEMS after the model")
     try:
         from .cluster.jobs import run_job
     except ImportError as e:
@@ -290,7 +292,8 @@ def cmd_bench(args) -> int:
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     from .runtime.bench import record_bench
 
-    if record_bench(Path(args.bundle), report, "vibevoice-onnx bench " + " ".join(sys.argv[2:]), args.threads):
+    command = f"vibevoice-onnx bench BUNDLE --frames {args.frames}" + (f" --streams {args.streams}" if args.streams > 1 else "")
+    if record_bench(Path(args.bundle), report, command, args.threads):
         print(f"recorded these numbers in {Path(args.bundle) / 'manifest.json'} (bench)", file=sys.stderr)
     return 0
 
@@ -408,10 +411,13 @@ MODEL_HELP = ("a bundle directory, a checkpoint directory (built and verified in
               "repository id ORG/NAME[@REVISION] of an upstream checkpoint or a prebuilt bundle")
 
 
-def add_model_options(p, several: bool = False) -> None:
-    """--model and the options that pick the bundle a checkpoint or Hub id stands for."""
+def add_model_options(p, several: bool = False, then: str | None = None) -> None:
+    """--model and the options that pick the bundle a checkpoint or Hub id stands for. The model is --model or the
+    first positional; `then`: the positional that follows it, which takes the first one's place with --model (a
+    list: the model is its first item); `several`: the positional and --model each name any number of models."""
     p.add_argument("--model", metavar="MODEL", action="append" if several else "store",
                    help=MODEL_HELP + (" (repeatable)" if several else ""))
+    p.set_defaults(models_then=then, several_models=several)
     p.add_argument("--precision", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
                    help="the bundle of a checkpoint or Hub checkpoint to use, built on first use (default fp32); "
                    "a bundle's own must match")
@@ -430,31 +436,30 @@ def take_models(args) -> None:
         return str(resolve_bundle(ref, precision=args.precision, device=args.device, revision=args.revision,
                                   tokenizer=args.tokenizer))
 
-    if args.command == "serve":
+    if args.several_models:
         refs = list(args.bundle or ()) + list(args.model or ())
         if not refs:
-            raise VibeVoiceError("serve needs at least one model: a bundle, a checkpoint or a Hub id")
+            raise VibeVoiceError(f"{args.command} needs at least one model: a bundle, a checkpoint or a Hub id")
         args.bundle = [resolve(ref) for ref in refs]
         return
-    if args.command == "transcribe":
-        refs = [args.model] if args.model else args.audio[:1]
-        args.audio = args.audio if args.model else args.audio[1:]
-        if not args.audio:
-            raise VibeVoiceError("give the model and then the audio: transcribe MODEL AUDIO... (or --model MODEL AUDIO...)")
-        args.bundle = resolve(refs[0])
-        return
-    shifted = {"speak": "text", "batch": "items"}.get(args.command)
-    if args.model:
-        if shifted is None and args.bundle is not None or shifted and getattr(args, shifted) is not None:
+    then = args.models_then
+    following = getattr(args, then) if then else None
+    if isinstance(following, list):  # the model, then a list (transcribe's audio): --model leaves the list whole
+        if not args.model:
+            args.model, following[:] = following[0], following[1:]
+        if not following:
+            raise VibeVoiceError(f"give the model and then the {then}: {args.command} MODEL {then.upper()}... "
+                                 f"(or --model MODEL {then.upper()}...)")
+    elif args.model:
+        if args.bundle is not None and (then is None or following is not None):
             raise VibeVoiceError("--model names the model: give it no positional MODEL as well")
-        if shifted:
-            setattr(args, shifted, args.bundle)
-        args.bundle = args.model
-    if args.bundle is None:
+        if then:
+            setattr(args, then, args.bundle)
+    else:
+        args.model = args.bundle
+    if args.model is None:
         raise VibeVoiceError(f"{args.command} needs a model: a bundle, a checkpoint or a Hub id (or --model)")
-    if args.command == "batch" and args.items is None:
-        raise VibeVoiceError("batch needs ITEMS after the model")
-    args.bundle = resolve(args.bundle)
+    args.bundle = resolve(args.model)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -523,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("speak", help="synthesise speech with a realtime or 1.5B bundle (no PyTorch needed)")
     p.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP + " (or --model; then the text comes first)")
-    add_model_options(p)
+    add_model_options(p, then="text")
     p.add_argument("text", nargs="?", metavar="TEXT", help="text (realtime) or a script of 'Speaker N: text' lines (1.5B); "
                    "or -f FILE, or standard input")
     p.add_argument("-f", "--file", metavar="TEXT_FILE")
@@ -567,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("audio", nargs="+", metavar="[MODEL] AUDIO", help="the model (" + MODEL_HELP + "; or --model), "
                    "then files soundfile reads (any rate and channel count); with --stream, '-' reads raw S16_LE "
                    "mono PCM from standard input")
-    add_model_options(p)
+    add_model_options(p, then="audio")
     p.add_argument("--format", choices=["json", "srt", "vtt", "txt", "raw"],
                    help="default json; with --stream txt (a line per chunk) or json (JSON Lines)")
     p.add_argument("--stream", action="store_true", help="ASR-Streaming bundles: print each chunk's text as it is "
@@ -599,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
                              ", OUT/manifest.jsonl and OUT/manifest.parquet")
         t.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP + " (or --model)")
         t.add_argument("items", nargs="?", metavar="ITEMS", help=items_help)
-        add_model_options(t)
+        add_model_options(t, then="items")
         t.add_argument("-o", "--output", required=True, metavar="OUT", help="the job's folder; a rerun skips the items "
                        "already complete there and redoes the rest")
         t.add_argument("--address", help="a running Ray cluster (ray start --head ...); default: a local one for the job")

@@ -63,7 +63,7 @@ def hub_errors(ref: HubRef, what: str):
                              "(`hf auth login`, or set HF_TOKEN)") from None
     except errors.RepositoryNotFoundError:
         raise VibeVoiceError(f"{ref.repo}: no such repository on the Hub, or it is private and no token with access "
-                             "was given (`hf auth login`, or set HF_TOKEN)") from None
+                             "was given (`hf auth login`, or set HF_TOKEN); nor is it a local directory") from None
     except errors.RevisionNotFoundError:
         raise VibeVoiceError(f"{ref.repo}: has no revision '{ref.revision}'") from None
     except errors.RemoteEntryNotFoundError:

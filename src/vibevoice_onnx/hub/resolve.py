@@ -16,7 +16,7 @@ from pathlib import Path
 from ..checkpoints.configs import PREPROCESSOR_CONFIG, model_dims, tokenizer_repo
 from ..checkpoints.files import INDEX_FILE, SINGLE_FILE, read_json
 from ..errors import BundleError, CheckpointError, VibeVoiceError
-from ..runtime.bundle import FORMAT_VERSION, MANIFEST, Bundle
+from ..runtime.bundle import FORMAT_VERSION, MANIFEST, Bundle, recordable
 from .cache import Source, build_and_verify, complete, remember_commit, remembered_commit
 from .home import home, offline
 from .repos import HubRef, Snapshot, parse_ref
@@ -151,6 +151,10 @@ def pull_bundle(snapshot: Snapshot, log=_log) -> Path:
     if not isinstance(recorded, dict) or not recorded:
         raise BundleError(f"{snapshot.ref}: its manifest records no file hashes, so its files cannot be checked; "
                           "refused")
+    strange = [name for name in recorded if not recordable(name)]
+    if strange:
+        raise BundleError(f"{snapshot.ref}: its manifest names '{strange[0]}' as a file of the bundle, which is no "
+                          "file a bundle holds; refused")
     missing = sorted(set(recorded) - set(snapshot.files)) if not offline() else []
     if missing:
         raise BundleError(f"{snapshot.ref}: the bundle's file {missing[0]} is missing from the repository")

@@ -33,6 +33,12 @@ def voice_path(bundle_dir: Path, name: str) -> Path:
 
 
 _PLAIN_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_BUNDLE_FILE = re.compile(r"(voices/)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a bundle's `files` record may name
+
+
+def recordable(name) -> bool:
+    """A name the `files` record may hold: a plain file of the bundle or of its voices/ folder, never a path out."""
+    return isinstance(name, str) and bool(_BUNDLE_FILE.fullmatch(name)) and ".." not in name
 
 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
@@ -134,6 +140,9 @@ def validate_manifest(manifest, path: Path) -> None:
         fail(f"has an unknown model_kind '{manifest['model_kind']}'")
     if not isinstance(manifest.get("parity"), (dict, type(None))):
         fail("has a 'parity' record that is not an object")
+    files = manifest.get("files")
+    if files is not None and not (isinstance(files, dict) and all(recordable(n) and isinstance(f, dict) for n, f in files.items())):
+        fail("has a 'files' record that names something other than the bundle's own files")
     plain_file(manifest["host_tensors"], "host tensors")
     plain_file(manifest["tokenizer"].get("file"), "tokenizer")
     for name, graph in manifest["graphs"].items():
