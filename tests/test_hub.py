@@ -135,6 +135,7 @@ def test_without_network_or_a_cached_copy_one_sentence_names_what_is_missing(tmp
     ("someone/gated-model", "is a gated repository"),
     ("someone/no-such-model", "no such repository on the Hub"),
     (f"{REALTIME_ID}@v9", "has no revision 'v9'"),
+    ("someone/model--x.git", "is not a valid Hub repository id"),
 ])
 def test_repositories_that_cannot_be_used_are_refused_in_a_sentence(hub, tmp_path, repo, message):
     done = cli("speak", "--model", repo, TEXT, "-o", tmp_path / "x.wav", env=environment(tmp_path, hub.endpoint),

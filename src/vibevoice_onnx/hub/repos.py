@@ -58,6 +58,8 @@ def hub_errors(ref: HubRef, what: str):
 
     try:
         yield
+    except errors.HFValidationError as e:  # an id the Hub would never accept ("--" or ".." in it, a ".git" end)
+        raise VibeVoiceError(f"'{ref.repo}' is not a valid Hub repository id ({e})") from None
     except errors.GatedRepoError:
         raise VibeVoiceError(f"{ref.repo}: is a gated repository; accept its conditions on its Hub page and log in "
                              "(`hf auth login`, or set HF_TOKEN)") from None

@@ -10,6 +10,7 @@ against the sha256 its manifest records.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .home import home, offline
 from .repos import HubRef, Snapshot, parse_ref
 
 DEFAULT_PRECISION = "fp32"
+_SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -103,7 +105,12 @@ def fetch_checkpoint(snapshot: Snapshot, log) -> Path:
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{snapshot.ref}: {INDEX_FILE} has no 'weight_map'")
-        names += [INDEX_FILE, *dict.fromkeys(str(v) for v in weight_map.values())]
+        shards = list(dict.fromkeys(str(v) for v in weight_map.values()))
+        strange = [name for name in shards if not _SHARD.fullmatch(name)]
+        if strange:
+            raise CheckpointError(f"{snapshot.ref}: {INDEX_FILE} names '{strange[0]}' as a shard, which is no plain "
+                                  "file name of the repository")
+        names += [INDEX_FILE, *shards]
     elif SINGLE_FILE in snapshot.files or offline():
         names.append(SINGLE_FILE)
     else:
