@@ -23,15 +23,42 @@ def need_shared_voices() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+def shared_dir(tmp_path_factory, worker_id) -> Path:
+    """A folder every xdist worker of this run sees (the parent of each worker's own base folder): what the
+    session fixtures make once for all workers lives there (the tiny checkpoints and their fp32 bundles)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+def made_once(shared: Path, name: str, make) -> Path:
+    """shared/name as `make(path)` leaves it: made by the first worker that asks, while the others wait for it
+    (each would otherwise spend the same minutes on the same build). What it makes is read-only to tests."""
+    import shutil
+
+    from filelock import FileLock
+
+    path, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            make(path)
+            done.touch()
+    return path
+
+
+TINY_KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(shared_dir) -> dict[str, Path]:
     from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
 
-    root = tmp_path_factory.mktemp("checkpoints")
-    out = {}
-    for kind in ("realtime", "1.5b", "large", "asr", "asr-hf"):
-        make_checkpoint(kind, root / kind, size="tiny", seed=0)
-        out[kind] = root / kind
-    return out
+    def make(root: Path) -> None:
+        for kind in TINY_KINDS:
+            make_checkpoint(kind, root / kind, size="tiny", seed=0)
+
+    root = made_once(shared_dir, "checkpoints", make)
+    return {kind: root / kind for kind in TINY_KINDS}
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +79,15 @@ def tiny_preset(tiny_checkpoints, realtime_reference, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_bundle(tiny_checkpoints, tiny_preset, tmp_path_factory) -> Path:
+def tiny_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
     """The tiny realtime checkpoint built into a bundle, with the synthetic voice imported. Treat as read-only."""
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.voice_store import import_voice
 
-    bundle = build_bundle(tiny_checkpoints["realtime"], tmp_path_factory.mktemp("onnx"))
-    import_voice(bundle, tiny_preset, "synthetic")
-    return bundle
+    def make(root: Path) -> None:
+        import_voice(build_bundle(tiny_checkpoints["realtime"], root), tiny_preset, "synthetic")
+
+    return made_once(shared_dir, "onnx", make) / "realtime" / "cpu_fp32"
 
 
 @pytest.fixture(scope="session")
@@ -83,25 +111,30 @@ def eos_early_rebuild(tiny_checkpoints, tiny_bundle, tmp_path_factory) -> tuple[
 
 
 @pytest.fixture(scope="session")
-def tiny_15b_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+def tiny_15b_bundle(tiny_checkpoints, shared_dir) -> Path:
     """The tiny 1.5B checkpoint built into a bundle, with a generated voice sample imported. Read-only."""
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.voice_store import import_voice
 
-    bundle = build_bundle(tiny_checkpoints["1.5b"], tmp_path_factory.mktemp("onnx15b"))
-    import_voice(bundle, write_voice_sample(tmp_path_factory.mktemp("samples") / "alice.flac"), "alice")
-    return bundle
+    def make(root: Path) -> None:
+        bundle = build_bundle(tiny_checkpoints["1.5b"], root)
+        import_voice(bundle, write_voice_sample(root / "alice.flac"), "alice")
+
+    return made_once(shared_dir, "onnx15b", make) / "1.5b" / "cpu_fp32"
 
 
 @pytest.fixture(scope="session")
-def tiny_asr_bundle(tiny_checkpoints, tmp_path_factory) -> Path:
+def tiny_asr_bundle(tiny_checkpoints, shared_dir) -> Path:
     """The tiny ASR checkpoint built into ROOT/onnx/asr/cpu_fp32, its tokenizer at ROOT/tokenizer.json. Read-only."""
     from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
     from vibevoice_onnx.export.build import build_bundle
 
-    root = tmp_path_factory.mktemp("asr-bundle")
-    build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
-    return build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+    def make(root: Path) -> None:
+        root.mkdir(parents=True)
+        build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
+        build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
+
+    return made_once(shared_dir, "asr-bundle", make) / "onnx" / "asr" / "cpu_fp32"
 
 
 def write_voice_sample(path: Path, seconds: float = 2.5, rate: int = 16000, channels: int = 2, pitch: float = 180.0) -> Path:
