@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from safetensors import SafetensorError, safe_open
 
@@ -126,3 +127,28 @@ def checkpoint_hash(root: Path, files: CheckpointFiles) -> str:
             while block := f.read(16 * 2**20):
                 digest.update(block)
     return "sha256:" + digest.hexdigest()
+
+
+def edited_copy(root: Path, out: Path, edits: dict[str, Callable]) -> Path:
+    """A copy of the checkpoint at `root` in `out` with some tensors changed: `edits` maps a tensor's name to
+    a function of its fp32 values, whose result is stored back in the tensor's own dtype and shard (the index
+    and every other tensor unchanged). For checkpoints a test or a benchmark derives from a synthetic one."""
+    import shutil
+
+    import ml_dtypes  # noqa: F401 (numpy reads and writes bfloat16 through it)
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    files = open_checkpoint(root)
+    missing = sorted(set(edits) - set(files.tensors))
+    if missing:
+        raise CheckpointError(f"{root}: has no tensor {', '.join(missing)}")
+    shutil.copytree(root, out)
+    for shard in sorted({files.tensors[name].file for name in edits}):
+        tensors = load_file(str(out / shard))
+        for name, edit in edits.items():
+            if files.tensors[name].file == shard:
+                stored = tensors[name]
+                tensors[name] = np.asarray(edit(stored.astype(np.float32))).astype(stored.dtype)
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    return out

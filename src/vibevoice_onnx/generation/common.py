@@ -71,13 +71,34 @@ class LmStream:
         return hidden
 
 
-class Teacher:
+class Steering:
+    """A hook verify puts into a loop (a plain run has none): what it changes at each frame. The plain form
+    changes nothing; teacher forcing (Teacher) and verify's calibration runs (verify.calibration) are its kinds.
+    `frames`: the run's length where the steering fixes it (EOS is then recorded, not acted on); `tokens`: the
+    tokens fed at each step where it decides them (1.5B)."""
+
+    frames: int | None = None
+    tokens: list[int] | None = None
+
+    def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
+        """The latent decoded and fed back in place of the one the backend sampled."""
+        return own
+
+    def eos_logit(self, logit: float, frame: int) -> float:
+        return logit
+
+    def choice_logits(self, logits: np.ndarray, step: int) -> np.ndarray:
+        return logits
+
+
+class Teacher(Steering):
     """A reference trajectory to run a loop along (teacher forcing): at every frame the backend samples its own
     latent from its own conditions, then the teacher's latent is decoded and fed back in its place, so every
     frame compares one step of the backend's error instead of errors compounded through the feedback."""
 
     def __init__(self, latents: list[np.ndarray], tokens: list[int] | None = None):
         self.latents, self.tokens = list(latents), tokens
+        self.frames = len(self.latents)
 
     def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
         frame = len(result.latents)
@@ -87,9 +108,9 @@ class Teacher:
         return np.asarray(self.latents[frame], np.float32)
 
 
-def emitted_latent(own: np.ndarray, result: SpeechResult, teacher: Teacher | None) -> np.ndarray:
-    """The latent a loop decodes and feeds back: its own, or the teacher's."""
-    return own if teacher is None else teacher.latent(own, result)
+def emitted_latent(own: np.ndarray, result: SpeechResult, steering: Steering | None) -> np.ndarray:
+    """The latent a loop decodes and feeds back: its own, or the one its steering gives."""
+    return own if steering is None else steering.latent(own, result)
 
 
 def record_conditions(result: SpeechResult, positive: np.ndarray, negative: np.ndarray) -> None:

@@ -32,7 +32,7 @@ from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..text import SPEECH_WINDOW, TEXT_WINDOW, text_windows
 from ..voices import VoicePrompt
-from .common import LmStream, SpeechResult, Teacher, decode_latents, emitted_latent, record_conditions, sample_next
+from .common import LmStream, SpeechResult, Steering, decode_latents, emitted_latent, record_conditions, sample_next
 
 TEXT_TYPE, SPEECH_TYPE = 1, 0  # rows of tts_input_types (trap 4)
 
@@ -165,23 +165,24 @@ def realtime_frames(
     result: GenerationResult,
     stop_on_eos: bool = True,
     decode_group: int = 1,
-    teacher: Teacher | None = None,
+    steering: Steering | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield audio chunks (one per frame) as they are decoded, filling `result` as it goes; see FrameDecoder
-    for `decode_group`, and Teacher for `teacher` (which runs the teacher's length, EOS recorded, not acted on).
+    for `decode_group`, and Steering for `steering` (verify's hook: one that fixes the length runs that many
+    frames, EOS recorded, not acted on).
     `text_ids` is the whole text's ids, its windows as they come (a text.TextFeed), or TextSegments (each
     segment ends as a whole text would, at EOS or the context's end, and the next one starts)."""
     pieces = text_ids.segments if isinstance(text_ids, TextSegments) else (text_ids,)
     decoder = FrameDecoder(backend, result, decode_group)
-    if teacher is not None:
-        max_frames, stop_on_eos = len(teacher.latents), False
+    if steering is not None and steering.frames is not None:
+        max_frames, stop_on_eos = steering.frames, False
     for piece in pieces:
         if len(pieces) > 1:
             result.segments.append(result.frames)
         streamed = not isinstance(piece, (list, tuple))
         windows = iter(piece) if streamed else iter(text_windows(piece))
         plan = (None, None) if streamed else planned_positions(len(piece), max_frames, result.frames)
-        for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, teacher,
+        for z in _latents(backend, prompt, windows, noise, cfg_scale, steps, max_frames, result, stop_on_eos, steering,
                           plan):
             yield from decoder.add(z)
         if result.stop_reason == "max_frames":
@@ -191,7 +192,7 @@ def realtime_frames(
 
 def _latents(backend: RealtimeBackend, prompt: VoicePrompt, windows: Iterator[list[int]], noise: NoiseSource, cfg_scale: float,
              steps: int, max_frames: int | None, result: GenerationResult, stop_on_eos: bool,
-             teacher: Teacher | None, plan: tuple[int | None, int | None]) -> Iterator[np.ndarray]:
+             steering: Steering | None, plan: tuple[int | None, int | None]) -> Iterator[np.ndarray]:
     """The latents z in order; the caller records each before the next is made."""
     if max_frames is not None and max_frames < 1:
         raise VibeVoiceError(f"max_frames must be at least 1, got {max_frames}")
@@ -215,7 +216,7 @@ def _latents(backend: RealtimeBackend, prompt: VoicePrompt, windows: Iterator[li
         for _ in range(SPEECH_WINDOW):
             record_conditions(result, h_pos, h_neg)
             z = emitted_latent(sample_next(backend, schedule, noise, h_pos, h_neg, cfg_scale, result.frames), result,
-                               teacher)
+                               steering)
             yield z
             if result.reached(max_frames):
                 return
@@ -225,6 +226,8 @@ def _latents(backend: RealtimeBackend, prompt: VoicePrompt, windows: Iterator[li
                 return
             h_pos, h_neg = tts.speech(feedback)
             logit = backend.eos_logit(h_pos)
+            if steering is not None:
+                logit = steering.eos_logit(logit, len(result.eos_logits))
             result.eos_logits.append(logit)
             if stop_on_eos and eos_fires(logit):
                 result.stop_reason = "eos"

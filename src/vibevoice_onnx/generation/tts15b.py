@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..script import SPEECH_END, SPEECH_PAD, SPEECH_START, Prompt
-from .common import SpeechResult, Teacher, decode_latents, emitted_latent, record_conditions, sample_next
+from .common import SpeechResult, Steering, decode_latents, emitted_latent, record_conditions, sample_next
 
 EOS = "<|endoftext|>"
 MAX_LENGTH_TIMES = 2  # upstream stops after twice the prompt's length in steps
@@ -157,16 +157,17 @@ def long_form_frames(
     result: LongFormResult,
     choose: Choose | None = None,
     max_steps: int | None = None,
-    teacher: Teacher | None = None,
+    steering: Steering | None = None,
     upstream_cap: bool = True,
 ) -> Iterator[np.ndarray]:
     """Yield each latent's audio chunk as soon as it is decoded, filling `result` as it goes; `choose`
     overrides the token picks (verify forces a schedule), `max_steps` caps the steps below upstream's cap
     (`upstream_cap=False` lifts the cap of twice the prompt's length, so `bench` runs any number of latents
-    on a short prompt; the model's positions still bound it); a `teacher` (Teacher, with tokens) decides
-    every token and every fed-back latent, for its length."""
-    if teacher is not None:
-        tokens = teacher.tokens
+    on a short prompt; the model's positions still bound it); `steering` is verify's hook (Steering): one with
+    tokens (a Teacher) decides every token, for its length, and each kind may change the fed-back latents
+    and the logits each step decides on."""
+    if steering is not None and steering.tokens is not None:
+        tokens = steering.tokens
         choose, max_steps = (lambda step, greedy: tokens[step]), len(tokens)
     length = prompt_embeds.shape[1]
     limit = backend.max_positions - length
@@ -185,6 +186,8 @@ def long_form_frames(
         if step:
             hidden = lm.positive(last_input)
         logits = backend.choice_logits(hidden, choices)
+        if steering is not None:
+            logits = steering.choice_logits(logits, step)
         greedy = choices[int(np.argmax(logits))]
         token = choose(step, greedy) if choose else greedy
         result.tokens.append(token)
@@ -202,7 +205,7 @@ def long_form_frames(
             continue
         negative = lm.negative(last_input)
         record_conditions(result, hidden, negative)
-        z = emitted_latent(sample_next(backend, schedule, noise, hidden, negative, cfg_scale, result.frames), result, teacher)
+        z = emitted_latent(sample_next(backend, schedule, noise, hidden, negative, cfg_scale, result.frames), result, steering)
         (chunk,), decoder_state = decode_latents(backend, [z], decoder_state, result.frames)
         result.add(z, chunk)
         yield chunk

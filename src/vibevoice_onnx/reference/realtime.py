@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceMultiModalProjector
 
 from ..checkpoints.configs import ModelDims
-from ..generation.common import LmStream, whole_head_at
+from ..generation.common import LmStream, Steering, whole_head_at
 from ..generation.realtime import GenerationResult, GuidedStreams, realtime_frames
 from ..sampling import NoiseSource
 from ..voices import VoicePrompt
@@ -156,10 +156,11 @@ def generate(
     max_frames: int | None = None,
     stop_on_eos: bool = True,
     result: GenerationResult | None = None,
+    steering: Steering | None = None,
 ) -> GenerationResult:
     result = GenerationResult() if result is None else result
     frames = realtime_frames(TorchRealtimeBackend(model), prompt, text_ids, noise, cfg_scale, steps, max_frames, result,
-                             stop_on_eos)
+                             stop_on_eos, steering=steering)
     for _ in frames:
         pass
     return result

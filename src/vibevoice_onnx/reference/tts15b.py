@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicCache
 from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
-from ..generation.common import whole_head_at
+from ..generation.common import Steering, whole_head_at
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
 from ..sampling import NoiseSource
 from ..script import Prompt
@@ -186,10 +186,12 @@ class TorchTts15bBackend:
 @torch.no_grad()
 def generate(reference: Tts15bReference, prompt: Prompt, voices: list[np.ndarray], ids: TokenIds, noise: NoiseSource,
              cfg_scale: float = 1.3, steps: int = 10, max_frames: int | None = None, voice_rng=None,
-             choose=None, max_steps: int | None = None, result: LongFormResult | None = None) -> LongFormResult:
+             choose=None, max_steps: int | None = None, result: LongFormResult | None = None,
+             steering: Steering | None = None) -> LongFormResult:
     backend = TorchTts15bBackend(reference)
     result = LongFormResult() if result is None else result
     embeds = prompt_embeddings(backend, prompt, voices, voice_rng)
-    for _ in long_form_frames(backend, embeds, ids, noise, cfg_scale, steps, max_frames, result, choose, max_steps):
+    for _ in long_form_frames(backend, embeds, ids, noise, cfg_scale, steps, max_frames, result, choose, max_steps,
+                              steering=steering):
         pass
     return result
