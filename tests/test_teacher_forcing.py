@@ -1,7 +1,9 @@
-"""Teacher-forced closed loops: the runtime run along the reference's trajectory. Forcing must feed the
-teacher's latents back (not the runtime's own), equal free running where nothing differs (fp32), and let a
-quantized bundle be judged on its own error: a checkpoint whose EOS logits hover around zero still verifies
-at int8, and a broken quantization is still caught."""
+"""Teacher-forced closed loops, and the free run judged against the loop's own chaos (verify.calibration).
+
+Forcing must feed the teacher's latents back (not the runtime's own) and equal free running where nothing
+differs (fp32). A quantized bundle is judged on its own error: on a checkpoint whose loop amplifies errors
+twice a frame and whose EOS logits hover around zero, int8 verifies; a broken quantization, an EOS classifier
+off by a bias and a loop that leaves the reference at once are caught; the same bundle gets the same verdict."""
 
 import json
 
@@ -17,6 +19,7 @@ from vibevoice_onnx.runtime.bundle import Bundle
 from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text
+from vibevoice_onnx.verify.calibration import high_gain_copy
 from vibevoice_onnx.verify.realtime import CLOSED_LOOP_FRAMES, CLOSED_LOOP_TEXT, eos_hovering_copy, reference_prompt
 
 FRAMES = 12  # two speech windows
@@ -38,7 +41,7 @@ def reference_run(model, prompt, ids, seed):
 def runtime_run(runtime, prompt, ids, seed, teacher=None):
     result = GenerationResult(conditions=[])
     for _ in realtime_frames(runtime, prompt, ids, NoiseSource.from_seed(seed), 1.5, 5, FRAMES, result,
-                             stop_on_eos=False, teacher=teacher):
+                             stop_on_eos=False, steering=teacher):
         pass
     return result
 
@@ -79,10 +82,12 @@ def test_a_teachers_length_is_the_runs_length(loop_inputs, realtime_reference):
 
 @pytest.fixture(scope="module")
 def hovering(tiny_checkpoints, tmp_path_factory):
-    """The tiny checkpoint with its closed-loop EOS logits centred on zero (spread 0.3), in fp32 and int8."""
+    """The tiny checkpoint with a high loop gain (verify.calibration.high_gain_copy: ~2x a frame, where the
+    plain one's is ~1.1) and its closed-loop EOS logits centred on zero (spread 0.3), in fp32 and int8."""
     root = tmp_path_factory.mktemp("eos-hovering")
     checkpoint = root / "checkpoint"
-    logits = eos_hovering_copy(tiny_checkpoints["realtime"], checkpoint, spread=0.3)
+    high_gain = high_gain_copy(tiny_checkpoints["realtime"], root / "high-gain")
+    logits = eos_hovering_copy(high_gain, checkpoint, spread=0.3)
     for precision in ("fp32", "int8"):
         assert main(["build", str(checkpoint), "-o", str(root / "onnx"), "--precision", precision]) == 0
     return logits, root / "onnx" / "realtime"
@@ -107,8 +112,12 @@ def test_int8_of_a_checkpoint_with_hovering_eos_passes(hovering, capsys):
         logits = record["closed_loop"]["eos_logits"]
         assert len(logits["reference"]) == len(logits["teacher_forced"]) == CLOSED_LOOP_FRAMES - 1 and record["passed"]
     assert record["precision"] == "int8" and record["thresholds"]["forced_latent_min_cosine"] == 0.97
-    assert "first speech window" in record["loops"]["free_running"] and "every frame" in record["loops"]["teacher_forced"]
-    assert "closed loop: per-frame EOS decisions agree (first 6 frames)" in gates  # free-running: one window
+    assert "perturbed by the bundle's own one-step error" in record["loops"]["free_running"]
+    assert "every frame" in record["loops"]["teacher_forced"]
+    assert gates["closed loop: per-frame EOS decisions agree where the loop's own spread keeps them"]["passed"]
+    calibration = record["closed_loop"]["calibration"]  # the free run, judged by the loop's own spread
+    assert calibration["amplification_per_frame"] > 1.5 and calibration["worst_ratio"] <= calibration["margin"]
+    assert min(record["closed_loop"]["teacher_forced"]["latent_cosine"]) >= 0.97
 
 
 def test_int8_eos_decisions_are_judged_on_every_forced_frame(hovering, tmp_path, capsys):
@@ -132,3 +141,60 @@ def test_int8_eos_decisions_are_judged_on_every_forced_frame(hovering, tmp_path,
     assert not forced["passed"]
     flipped = [int(f) for f in forced["detail"].split("(frames ")[1].split(")")[0].split(", ")]
     assert max(flipped) >= 6
+
+
+def test_int8_with_a_wrong_quantization_scale_fails_on_the_same_checkpoint(hovering, tmp_path, capsys):
+    """One MatMul of the diffusion head with its quantization scales 1.5x too large: one step costs more than
+    int8 may (teacher-forced sampled latents), whatever the loop then does."""
+    from vibevoice_onnx.verify.calibration import wrong_scale
+
+    from conftest import copy_bundle
+
+    _, bundles = hovering
+    bundle = copy_bundle(bundles / "cpu_int8", tmp_path / "wrong-scale")
+    wrong_scale(bundle / "diffusion_head_step.onnx", 1.5)
+    assert main(["verify", str(bundle), "--json"]) == 1
+    failed = {g["name"] for g in json.loads(capsys.readouterr().out)["gates"] if not g["passed"]}
+    assert "closed loop, teacher-forced: sampled latent min cosine" in failed and "diffusion_head" in failed
+
+
+def loop_runs(bundle_dir, checkpoint) -> tuple[dict, dict, tuple]:
+    """verify's closed loop of one bundle: its record, the runs it judged, and (runtime, prompt, text ids)."""
+    from vibevoice_onnx.reference.loading import load_realtime
+    from vibevoice_onnx.verify.common import LIMITS
+    from vibevoice_onnx.verify.realtime import closed_loop
+
+    model, bundle = load_realtime(checkpoint), Bundle(bundle_dir)
+    inputs = (OnnxRealtimeBackend(bundle), reference_prompt(model, bundle.tokenizer),
+              encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT))
+    runs: dict = {}
+    _, info = closed_loop(model, *inputs, LIMITS["int8"], runs=runs)
+    return info, runs, inputs
+
+
+def test_the_calibration_is_reproducible_and_a_loop_that_leaves_at_once_fails_it(hovering):
+    """The same bundle twice: the same perturbed runs, spread and verdict. Then a runtime whose feedback is
+    wrong from the second frame on (the latent it feeds back negated: a step teacher forcing does not run)
+    is judged by that spread: its free run is far outside it."""
+    from vibevoice_onnx.generation.common import Steering
+    from vibevoice_onnx.verify.calibration import EOS, calibrated_gates
+    from vibevoice_onnx.verify.realtime import CFG_SCALE, SEED, STEPS
+
+    _, bundles = hovering
+    checkpoint = bundles.parents[1] / "checkpoint"
+    first, runs, (runtime, prompt, ids) = loop_runs(bundles / "cpu_int8", checkpoint)
+    second, _, _ = loop_runs(bundles / "cpu_int8", checkpoint)
+    assert first["calibration"] == second["calibration"] and first["calibration"]["verdict"].startswith("passes")
+
+    class NegatedFeedback(Steering):
+        def latent(self, own, result):
+            return -own if result.frames else own
+
+    diverged = GenerationResult()
+    noise = NoiseSource.from_seed(SEED, runtime.bundle.dims.head.latent)
+    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, CLOSED_LOOP_FRAMES, diverged,
+                             stop_on_eos=False, steering=NegatedFeedback()):
+        pass
+    gates, info = calibrated_gates("closed loop", diverged, runs["reference"], runs["perturbed"], runs["error"], EOS, "")
+    latent = next(g for g in gates if "latent divergence" in g.name)
+    assert not latent.passed and info["verdict"].startswith("fails") and info["worst_ratio"] > 3

@@ -61,15 +61,18 @@ def test_verify_passes_every_gate_and_records_them(verified_15b):
                      "acoustic_encoder", "semantic_encoder_stream", "semantic encoder: 4 streamed chunks == one pass",
                      "acoustic_decoder (", "acoustic_decoder_stream", "decoder: 8 streamed frames == whole decode",
                      "lm: speculative batched CFG streams == separate streams",
-                     "closed loop, forced segments: per-latent min cosine", "closed loop, forced segments: audio cosine",
-                     "closed loop, free-running: same token sequence",
+                     "closed loop, forced segments: latent divergence within the loop's own spread",
+                     "closed loop, forced segments: audio divergence within the loop's own spread",
+                     "closed loop, free-running: the LM's picks agree where the loop's own spread keeps them",
                      "closed loop, forced segments, teacher-forced: conditions min cosine",
                      "closed loop, free-running, teacher-forced: sampled latent min cosine",
                      "closed loop, forced segments, teacher-forced: the LM's picks agree"):
         assert any(n.startswith(expected) for n in names), expected
     loop = record["closed_loop"]
     forced = loop["curves"]["closed loop, forced segments, teacher-forced"]
-    assert len(forced["latent_cosine"]) == len(loop["curves"]["closed loop, forced segments"]["latent_cosine"]) == 24
+    assert len(forced["latent_cosine"]) == len(loop["curves"]["closed loop, forced segments"]["divergence"]) == 24
+    free = loop["curves"]["closed loop, free-running"]
+    assert free["decisions"]["decided"] and not free["decisions"]["flipped"]  # fp32 keeps every decision it is given
     assert loop["segments"] == 3 and loop["voice_latents"] == "mean" and loop["voices"] == "(synthetic signals)"
     assert all(g["cosine"] is None or g["cosine"] >= 0.99 for g in record["gates"])
     assert json.loads((bundle / "manifest.json").read_text())["parity"] == record
@@ -84,7 +87,8 @@ def test_a_broken_semantic_encoder_fails_its_gates_and_the_loop(tiny_15b_bundle,
     onnx.save(model, str(path))
     assert main(["verify", str(bundle)]) == 1
     failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
-    assert {"semantic_encoder_stream (4 chunks, states)", "closed loop, forced segments: per-latent min cosine"} <= failed
+    assert {"semantic_encoder_stream (4 chunks, states)",
+            "closed loop, forced segments, teacher-forced: conditions min cosine"} <= failed
     assert not any(name.startswith(("lm", "diffusion_head", "acoustic_")) for name in failed)
 
 

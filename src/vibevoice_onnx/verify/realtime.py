@@ -13,18 +13,18 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..errors import VibeVoiceError
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
 from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch
 from ..sampling import NoiseSource
-from ..text import SPEECH_WINDOW, encode_tts_text
+from ..text import encode_tts_text
 from ..voices import VoicePrompt
+from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .common import (
     BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, cache_layers, compare, decoder_gates,
-    forced_gates, head_gate, judged_frames, lm_gates, lm_step, loop_gates, module_gate,
+    forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
 CLOSED_LOOP_TEXT = (
@@ -84,38 +84,45 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
 
 def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
                 limits: Limits, seed: int = SEED, frames: int = CLOSED_LOOP_FRAMES,
-                ours: GenerationResult | None = None) -> tuple[list[Gate], dict]:
+                runs: dict | None = None) -> tuple[list[Gate], dict]:
     """The whole generation, `frames` long in every run: EOS is decided every frame but not acted on, so the
-    gates judge agreement however early a (random) checkpoint would stop. The runtime runs it twice: free
-    (its own latents fed back, into `ours` when given, for a caller that judges it further) and
-    teacher-forced (the reference's latents fed back); see Limits."""
+    gates judge agreement however early a (random) checkpoint would stop. The runtime runs it twice:
+    teacher-forced (the reference's latents fed back: one step of its error per frame, judged by `limits`)
+    and free (its own latents fed back), judged against the reference run again with that one-step error
+    (verify.calibration). `runs`, when given, receives the runs (free, reference, perturbed, error) for a
+    caller that judges the free run further."""
     noise = NoiseSource.from_seed(seed, model.dims.head.latent)
     reference = reference_loop(model, prompt, ids, noise, frames, GenerationResult(conditions=[]))
-    ours, forced = ours if ours is not None else GenerationResult(), GenerationResult(conditions=[])
+    ours, forced = GenerationResult(), GenerationResult(conditions=[])
     for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
         pass
-    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced, teacher=Teacher(reference.latents)):
+    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced,
+                             steering=Teacher(reference.latents)):
         pass
     windows = -(-len(ids) // 5)
     detail = (f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg {CFG_SCALE}, {STEPS} steps, "
               f"seed {seed}")
-    judged = judged_frames(limits, SPEECH_WINDOW, reference.frames)
-    gates, curves = loop_gates("closed loop", ours, reference, detail, limits, SPEECH_WINDOW)
-    eos_gate, eos_info = eos_agreement("closed loop", ours, reference, limits.decision_floor, judged)
     forced_loop, forced_curves = forced_gates("closed loop", forced, reference, detail, limits)
     forced_eos, _ = eos_agreement("closed loop, teacher-forced", forced, reference, limits.decision_floor)
-    gates += [eos_gate, *forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP)]
+    error = StepError.measure(forced, reference, EOS)
+    perturbed = perturbed_runs(lambda steering: reference_loop(model, prompt, ids, noise, frames, steering=steering), error)
+    gates, calibration = calibrated_gates("closed loop", ours, reference, perturbed, error, EOS, detail)
+    if runs is not None:
+        runs.update(free=ours, reference=reference, perturbed=perturbed, error=error)
+    gates += [*forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP)]
     eos_logits = {name: [round(float(x), 5) for x in run.eos_logits]
                   for name, run in (("reference", reference), ("free_running", ours), ("teacher_forced", forced))}
-    return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **eos_info, **curves,
+    info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": ours.eos_frame}
+    return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **info, "calibration": calibration,
                    "teacher_forced": forced_curves, "eos_logits": eos_logits}
 
 
 def reference_loop(model: RealtimeModel, prompt: VoicePrompt, ids: list[int], noise: NoiseSource,
-                   frames: int = CLOSED_LOOP_FRAMES, result: GenerationResult | None = None) -> GenerationResult:
+                   frames: int = CLOSED_LOOP_FRAMES, result: GenerationResult | None = None,
+                   steering=None) -> GenerationResult:
     """The closed loop as the reference runs it: `frames` long, EOS recorded every frame, not acted on."""
     return generate(model, prompt, ids, noise, cfg_scale=CFG_SCALE, steps=STEPS, max_frames=frames, stop_on_eos=False,
-                    result=result)
+                    result=result, steering=steering)
 
 
 def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int) -> Gate:
@@ -129,23 +136,19 @@ def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: Generation
                    [frame_by_frame.audio], f"{frame_by_frame.frames} frames of the closed loop")
 
 
-def eos_agreement(label: str, runtime: GenerationResult, reference: GenerationResult, floor: float,
-                  judged: int | None = None) -> tuple[Gate, dict]:
-    """Per-frame EOS decisions agree wherever the reference logit is clear of the noise floor, over the first
-    `judged` frames (all of them by default)."""
+def eos_agreement(label: str, runtime: GenerationResult, reference: GenerationResult, floor: float) -> tuple[Gate, dict]:
+    """Per-frame EOS decisions agree wherever the reference logit is clear of the noise floor."""
     ours, theirs = runtime.eos_logits, reference.eos_logits
-    judged = len(theirs) if judged is None else min(judged, len(theirs))
-    decided = [i for i, logit in enumerate(theirs[:judged]) if abs(logit) > floor]
+    decided = [i for i, logit in enumerate(theirs) if abs(logit) > floor]
     disagree = [i for i in decided if i < len(ours) and eos_fires(ours[i]) != eos_fires(theirs[i])]
-    diff = max((abs(a - b) for a, b in zip(ours[:judged], theirs[:judged])), default=0.0)
+    diff = max((abs(a - b) for a, b in zip(ours, theirs)), default=0.0)
     info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": runtime.eos_frame}
     passed = len(ours) == len(theirs) and not disagree
-    span = "" if judged == len(theirs) else f" (first {judged} frames)"
-    detail = (f"{len(decided)} of {judged} frames clear of the ±{floor} noise floor, "
+    detail = (f"{len(decided)} of {len(theirs)} frames clear of the ±{floor} noise floor, "
               f"{len(disagree)} disagree{' (frames ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
               f"EOS would first fire after frame {info['eos_frame_runtime']} (runtime) / {info['eos_frame_reference']} "
               f"(reference); max |Δ eos logit| {diff:.2e}")
-    return Gate(f"{label}: per-frame EOS decisions agree{span}", None, diff, passed, detail), info
+    return Gate(f"{label}: per-frame EOS decisions agree", None, diff, passed, detail), info
 
 
 def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None) -> tuple[VoicePrompt, str]:
@@ -207,11 +210,7 @@ def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.nd
     speech: a gate must judge such a checkpoint on its bundle's error, not on which side of zero each frame of
     a diverged generation lands. Only the EOS classifier's output layer changes (logit -> a·logit + b, in its
     stored dtype). Returns the new logits, as the reference computes them from the written copy."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    from ..checkpoints.files import open_checkpoint
+    from ..checkpoints.files import edited_copy
     from ..reference.loading import load_realtime
     from ..text import load_tokenizer
 
@@ -223,17 +222,9 @@ def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.nd
         return np.array(result.eos_logits)
 
     logits = closed_loop_logits(checkpoint)
-    scale = spread / max(float(logits.std()), 1e-6)
-    files = open_checkpoint(checkpoint)
-    shutil.copytree(checkpoint, out)
-    shard = files.tensors[EOS_BIAS].file
-    if files.tensors[EOS_WEIGHT].file != shard:
-        raise VibeVoiceError(f"{checkpoint}: the EOS classifier's weight and bias are in different shards")
-    tensors = load_file(str(out / shard))
-    weight, bias = tensors[EOS_WEIGHT], tensors[EOS_BIAS]
-    tensors[EOS_WEIGHT] = (weight.float() * scale).to(weight.dtype)
-    tensors[EOS_BIAS] = ((bias.float() - float(logits.mean())) * scale).to(bias.dtype)
-    save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    scale, centre = spread / max(float(logits.std()), 1e-6), float(logits.mean())
+    edited_copy(checkpoint, out, {EOS_WEIGHT: lambda weight: weight * scale,
+                                  EOS_BIAS: lambda bias: (bias - centre) * scale})
     return closed_loop_logits(out)
 
 

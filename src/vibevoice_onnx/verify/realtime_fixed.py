@@ -14,9 +14,9 @@ from ..reference.realtime import RealtimeModel, TorchRealtimeBackend
 from ..runtime.bundle import Bundle
 from ..runtime.realtime import FixedRealtimeBackend, OnnxRealtimeBackend
 from ..sampling import NoiseSource
-from ..text import SPEECH_WINDOW
-from .common import Gate, Limits, Probe, cache_layers, compare, head_gate, lm_step, loop_gates, module_gate
-from .realtime import CFG_SCALE, SEED, STEPS, cfg_steps, eos_agreement
+from .calibration import EOS, calibrated_gates
+from .common import Gate, Limits, Probe, cache_layers, compare, head_gate, lm_step, module_gate
+from .realtime import CFG_SCALE, SEED, STEPS, cfg_steps
 
 
 def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: float) -> Gate:
@@ -96,22 +96,21 @@ def dynamic_sibling(bundle: Bundle) -> Bundle | None:
     return sibling if sibling.manifest["source"]["hash"] == bundle.manifest["source"]["hash"] else None
 
 
-def against_dynamic(bundle: Bundle, runtime: FixedRealtimeBackend, prompt, ids, limits: Limits,
-                    ours: GenerationResult) -> tuple[list[Gate], dict]:
-    """The same loop (noise, prompt, text, length) on the default-profile bundle: a new path against the old."""
+def against_dynamic(bundle: Bundle, runtime: FixedRealtimeBackend, prompt, ids, runs: dict) -> tuple[list[Gate], dict]:
+    """The same loop (noise, prompt, text, length) on the default-profile bundle: a new path against the old,
+    judged as the free run is (verify.calibration), with the dynamic bundle's run in the reference's place."""
     sibling = dynamic_sibling(bundle)
     if sibling is None:
         return [], {"against_dynamic": f"not run: no default-profile bundle at {bundle.path.parent}/"
                                        f"{bundle.manifest['device']}_{bundle.manifest['precision']}"}
-    dynamic = GenerationResult()
+    ours, dynamic = runs["free"], GenerationResult()
     noise = NoiseSource.from_seed(SEED, runtime.bundle.dims.head.latent)
     for _ in realtime_frames(OnnxRealtimeBackend(sibling), prompt, ids, noise, CFG_SCALE, STEPS, len(ours.latents),
                              dynamic, stop_on_eos=False):
         pass
-    detail = f"{dynamic.frames} frames against {sibling.path}"
-    gates, _ = loop_gates("closed loop, fixed == dynamic bundle", ours, dynamic, detail, limits, SPEECH_WINDOW)
-    eos_gate, _ = eos_agreement("closed loop, fixed == dynamic bundle", ours, dynamic, limits.decision_floor)
-    return gates + [eos_gate], {"against_dynamic": str(sibling.path)}
+    gates, _ = calibrated_gates("closed loop, fixed == dynamic bundle", ours, dynamic, runs["perturbed"], runs["error"],
+                                EOS, f"{dynamic.frames} frames against {sibling.path}")
+    return gates, {"against_dynamic": str(sibling.path)}
 
 
 def mobile_notes(bundle: Bundle) -> list[str]:
@@ -130,8 +129,8 @@ def run_gates(bundle: Bundle, model: RealtimeModel, prompt, ids, log, limits: Li
     runtime = FixedRealtimeBackend(bundle)
     gates = graph_gates(model, runtime, log, limits.graph)
     log("  closed loop: the whole generation, fixed-shape runtime vs reference")
-    ours = GenerationResult()  # the free-running loop, judged against the reference and the dynamic bundle
-    loop, loop_info = closed_loop(model, runtime, prompt, ids, limits, ours=ours)
+    runs: dict = {}  # the free-running loop, judged against the reference and the dynamic bundle
+    loop, loop_info = closed_loop(model, runtime, prompt, ids, limits, runs=runs)
     log("  closed loop against the default-profile bundle")
-    dynamic, dynamic_info = against_dynamic(bundle, runtime, prompt, ids, limits, ours)
+    dynamic, dynamic_info = against_dynamic(bundle, runtime, prompt, ids, runs)
     return gates + loop + dynamic, {"closed_loop": loop_info, **dynamic_info, "notes": mobile_notes(bundle)}

@@ -5,7 +5,8 @@ pass; streamed decode == whole decode; the speculative batched CFG streams == up
 and two closed loops over a two-speaker script with mean voice latents and the same noise in both: one with
 a forced token schedule of several speech segments (so every checkpoint, whatever its LM would pick, runs
 the segment logic: negative-stream restarts, conv states zeroed), gating latents, audio and the LM's own
-picks; one free-running, gating the token sequence itself.
+picks; one free-running, gating the token sequence itself. Each is judged teacher-forced against absolute
+limits and free-running against the loop's own spread (verify.calibration).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from ..runtime.lm import KvCache
 from ..runtime.tts15b import LongFormBatch, OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
+from .calibration import StepError, calibrated_gates, perturbed_runs, picks
 from .common import (
     BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, compare, decoder_gates, forced_gates,
-    head_gate, judged_frames, lm_gates, lm_step, loop_gates, module_gate,
+    head_gate, lm_gates, lm_step, module_gate,
 )
 
 CLOSED_LOOP_SCRIPT = (
@@ -142,60 +144,53 @@ def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bB
     return gates
 
 
-def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult, floor: float, steps: int | None = None) -> Gate:
-    """The LM's own greedy pick agrees at every step (of the first `steps`) where the reference's top-2
-    margin clears the floor."""
-    margins = [float(np.diff(np.sort(logits)[-2:])[0]) for logits in theirs.logits[:steps]]
+def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult, floor: float) -> Gate:
+    """The LM's own greedy pick agrees at every step where the reference's top-2 margin clears the floor."""
+    margins = [float(np.diff(np.sort(logits)[-2:])[0]) for logits in theirs.logits]
     clear = [i for i, margin in enumerate(margins) if margin > floor]
     disagree = [i for i in clear if i < len(ours.greedy) and ours.greedy[i] != theirs.greedy[i]]
-    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits[:steps], theirs.logits[:steps])), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours.logits, theirs.logits)), default=0.0)
     passed = len(ours.greedy) == len(theirs.greedy) and not disagree
     detail = (f"{len(clear)} of {len(margins)} steps clear of the {floor} margin floor, {len(disagree)} "
               f"disagree; smallest top-2 margin {min(margins, default=math.inf):.3g}; max |Δ logit| {diff:.2e}")
     return Gate(name, None, diff, passed, detail)
 
 
-def steps_to_latent(result: LongFormResult, latents: int, ids: TokenIds) -> int:
-    """How many steps a run took to make its first `latents` latents (all its steps if it made fewer)."""
-    pads = [i for i, token in enumerate(result.tokens) if token == ids.pad]
-    return pads[latents - 1] + 1 if len(pads) >= latents else len(result.tokens)
-
-
 def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend,
                  voices: list[np.ndarray], limits: Limits) -> tuple[list[Gate], dict]:
-    """Each loop (forced segments, free-running) runs in the reference, in the runtime free (its own latents
-    fed back) and in the runtime teacher-forced (the reference's tokens and latents fed back; see Limits)."""
+    """Each loop (forced segments, free-running) runs in the reference, in the runtime teacher-forced (the
+    reference's tokens and latents fed back: one step of its error, judged by `limits`) and in the runtime
+    free (its own latents and, free-running, its own picks fed back), judged against the reference run again
+    with that one-step error (verify.calibration)."""
     script = parse_script(CLOSED_LOOP_SCRIPT)
     prompt = build_prompt(bundle.tokenizer, script, [-(-len(v) // 3200) for v in voices])
     ids = TokenIds.from_tokenizer(bundle.tokenizer)
     noise = NoiseSource.from_seed(SEED, reference.dims.head.latent)
-    gates, curves = [], {}
+    gates, curves, decisions = [], {}, picks(ids.pad)
     embeds = prompt_embeddings(runtime, prompt, voices, None)
     for label, choose, max_steps in (("closed loop, forced segments", forced_segments(ids), None),
                                      ("closed loop, free-running", None, FREE_STEPS)):
-        theirs = generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps,
-                          result=LongFormResult(conditions=[]))
+        def reference_run(steering=None, result=None, choose=choose, max_steps=max_steps) -> LongFormResult:
+            return generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps,
+                            result=LongFormResult() if result is None else result, steering=steering)
+
+        theirs = reference_run(result=LongFormResult(conditions=[]))
         ours, forced = LongFormResult(), LongFormResult(conditions=[])
         for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, ours, choose, max_steps):
             pass
-        if theirs.frames:
-            for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, forced,
-                                      teacher=Teacher(theirs.latents, theirs.tokens)):
-                pass
+        for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, forced,
+                                  steering=Teacher(theirs.latents, theirs.tokens)):
+            pass
         detail = (f"{len(theirs.tokens)} steps, {theirs.frames} latents, two speakers, cfg {CFG_SCALE}, {STEPS} steps, "
                   f"seed {SEED}, mean voice latents")
-        judged = judged_frames(limits, SEGMENT_LATENTS, theirs.frames)
-        steps = None if judged == theirs.frames else steps_to_latent(theirs, judged, ids)
-        if choose is None and steps is None:  # a lossy precision's free run is another generation past its window
-            gates.append(Gate(f"{label}: same token sequence", None, 0.0, ours.tokens == theirs.tokens,
-                              f"runtime {len(ours.tokens)} / reference {len(theirs.tokens)} tokens, {theirs.frames} latents"))
-        span = "" if steps is None else f" (first {steps} steps)"
-        gates.append(picks_gate(f"{label}: the LM's picks agree{span}", ours, theirs, limits.decision_floor, steps))
         if theirs.frames:
-            loop, curves[label] = loop_gates(label, ours, theirs, detail, limits, SEGMENT_LATENTS)
             forced_loop, curves[f"{label}, teacher-forced"] = forced_gates(label, forced, theirs, detail, limits)
-            gates += [*loop, *forced_loop,
-                      picks_gate(f"{label}, teacher-forced: the LM's picks agree", forced, theirs, limits.decision_floor)]
+            gates += forced_loop
+        gates.append(picks_gate(f"{label}, teacher-forced: the LM's picks agree", forced, theirs, limits.decision_floor))
+        error = StepError.measure(forced, theirs, decisions)
+        loop, curves[label] = calibrated_gates(label, ours, theirs, perturbed_runs(reference_run, error), error,
+                                               decisions, detail)
+        gates += loop
     info = {"script": CLOSED_LOOP_SCRIPT, "prompt_tokens": len(prompt.ids), "segments": SEGMENTS,
             "latents_per_segment": SEGMENT_LATENTS, "free_steps": FREE_STEPS, "cfg_scale": CFG_SCALE,
             "diffusion_steps": STEPS, "seed": SEED, "voice_latents": "mean", "curves": curves}
