@@ -1,17 +1,18 @@
 """VibeVoice-1.5B at int8 and int4: built from the fp32 sibling by the kind's policy, gated against the fp32
 reference in both closed loops, refused by `speak` until verified; a broken quantization on the feedback
 path caught by the loops; fp16 built for GPUs and checked statically; the speculative CFG streams gate
-catching a broken speculation."""
+catching a broken speculation; the tiny checkpoint Microsoft's code saved, and why its int8 verdict is right."""
 
 import json
+import shutil
 
 import onnx
 import pytest
 
 from vibevoice_onnx.cli import main
-from vibevoice_onnx.export.precision import POLICIES, Scheme, quantize_graph
+from vibevoice_onnx.export.precision import DYNAMIC_INT8, POLICIES, Scheme, quantize_graph
 
-from conftest import copy_bundle
+from conftest import SHARED, copy_bundle
 from test_precision import assert_follows_policy, unverified_copy
 
 SCRIPT = "Speaker 1: Hello there.\nSpeaker 2: Hi, how are you?"
@@ -44,7 +45,7 @@ def test_int8_is_refused_until_verified_then_passes_and_speaks(variants, tmp_pat
     record = json.loads((bundle / "manifest.json").read_text())["parity"]
     assert record["precision"] == "int8" and record["passed"] and "random weights" in record["caveat"]
     gates = {g["name"]: g for g in record["gates"]}
-    assert gates["closed loop, forced segments: per-latent min cosine (first 8 latents)"]["cosine"] >= 0.95
+    assert gates["closed loop, forced segments: latent divergence within the loop's own spread"]["passed"]
     assert gates["closed loop, forced segments, teacher-forced: conditions min cosine"]["cosine"] >= 0.995
     for name in ("acoustic_connector", "semantic_connector"):  # kept fp32: as exact as the fp32 bundle
         assert gates[name]["cosine"] > 0.99999
@@ -69,7 +70,6 @@ def test_broken_quantization_on_the_feedback_path_is_caught_by_the_loops(variant
     assert main(["verify", str(bundle)]) == 1
     failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
     assert "semantic_connector" in failed
-    assert any(name.startswith("closed loop, forced segments: per-latent min cosine") for name in failed)
     assert "closed loop, forced segments, teacher-forced: conditions min cosine" in failed  # at every forced frame
     assert not failed & {"lm (past 16, new 1)", "diffusion_head", "acoustic_connector"}  # only what was broken
 
@@ -124,3 +124,37 @@ def test_bench_refuses_what_it_cannot_time(tiny_15b_bundle, tiny_asr_bundle, cap
     assert "give them with --audio FILE" in capsys.readouterr().err
     assert main(["bench", str(tiny_asr_bundle), "--decode-group", "3", "--audio", "x.wav"]) == 2
     assert "takes --streams, --frames (tokens) and --audio only" in capsys.readouterr().err
+
+
+UPSTREAM_15B = SHARED / "fixtures" / "checkpoints" / "tts15b-upstream-tiny"
+
+
+@pytest.fixture(scope="module")
+def upstream_variants(tmp_path_factory):
+    """The tiny VibeVoice-1.5B saved by Microsoft's own code (../shared/fixtures/checkpoints), in fp32 and int8."""
+    if not (UPSTREAM_15B / "config.json").is_file():
+        pytest.skip("../shared/fixtures/checkpoints/tts15b-upstream-tiny is not available")
+    root = tmp_path_factory.mktemp("upstream15b")
+    for precision in ("fp32", "int8"):
+        assert main(["build", str(UPSTREAM_15B), "-o", str(root), "--precision", precision]) == 0
+    return root / "1.5b"
+
+
+def test_int8_of_the_checkpoint_microsoft_saved_passes_and_the_decoder_scheme_it_failed_with_is_why(
+        upstream_variants, tmp_path, capsys):
+    """Its int8 bundle once failed the teacher-forced conditions (0.9915 against 0.995): a real loss, not a gate
+    artefact, and one graph's. The 1.5B feeds its decoded audio back (semantic encoder, then the LM), and the
+    decoder was quantized as realtime's, where it is only heard: dynamic int8, per-tensor activation scales.
+    With the decoder blockwise (the policy now) every gate passes; the same bundle with only the decoder put
+    back to dynamic int8 fails the teacher-forced conditions again, and nothing but teacher-forced gates."""
+    assert main(["verify", str(upstream_variants / "cpu_int8"), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    forced = record["closed_loop"]["curves"]["closed loop, forced segments, teacher-forced"]
+    assert min(forced["condition_cosine"]) >= 0.995 and record["passed"]
+    old = unverified_copy(upstream_variants / "cpu_int8", tmp_path / "dynamic-decoder")
+    shutil.copy(upstream_variants / "cpu_fp32" / "acoustic_decoder_stream.onnx", old / "acoustic_decoder_stream.onnx")
+    quantize_graph(old / "acoustic_decoder_stream.onnx", DYNAMIC_INT8, False)
+    assert main(["verify", str(old), "--json"]) == 1
+    failed = {g["name"] for g in json.loads(capsys.readouterr().out)["gates"] if not g["passed"]}
+    assert "closed loop, forced segments, teacher-forced: conditions min cosine" in failed
+    assert all(", teacher-forced: " in name for name in failed), failed
