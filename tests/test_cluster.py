@@ -206,6 +206,49 @@ def replica_pids() -> set[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """pid and every process started under it (a local Ray cluster's processes are all the driver's)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                stat = (proc / "stat").read_text()
+                children.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(proc.name))
+        except OSError:
+            pass
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[str, str, int]]:
+    """(process name, host, port) of every listening TCP socket the processes hold."""
+    import socket
+
+    listening = {}  # socket inode: (host, port)
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # TCP_LISTEN
+                host, port = fields[1].split(":")
+                raw = bytes.fromhex(host)  # the kernel's 32-bit words, each in host (little-endian) order
+                raw = b"".join(raw[k:k + 4][::-1] for k in range(0, len(raw), 4))
+                listening[fields[9]] = (socket.inet_ntop(family, raw), int(port, 16))
+    found = []
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in listening:
+                    found.append((name, *listening[target[8:-1]]))
+        except OSError:  # it ended while we looked
+            pass
+    return found
+
+
 def realtime_pcm(bundle: Path, seed: int, frames: int, text: str) -> np.ndarray:
     from vibevoice_onnx.audio import to_pcm16
     from vibevoice_onnx.runtime.realtime import RealtimeTTS
@@ -217,14 +260,27 @@ def test_serve_on_ray_from_the_command_line_answers_and_stops_on_sigterm(tiny_bu
     pytest.importorskip("fastapi")
     from helpers import Server
 
+    from vibevoice_onnx.cluster.ray_cluster import is_loopback
+
     log = tmp_path / "serve.log"
-    server = Server([tiny_bundle], log, "--ray", "--replicas", "1", start_seconds=120)
+    # waits for /health, however long a loaded machine takes (Serve's proxy is given as long as serve.start waits)
+    server = Server([tiny_bundle], log, "--ray", "--replicas", "1", start_seconds=240)
     try:
-        deadline = time.monotonic() + 60  # Ray's proxy answers as soon as a replica is up, a moment before
+        deadline = time.monotonic() + 120  # Ray's proxy answers as soon as a replica is up, a moment before
         while "serving on" not in log.read_text() and time.monotonic() < deadline:  # serve.run returns
+            if server.process.poll() is not None:
+                break
             time.sleep(0.2)
         assert "1 replica, 1 onnxruntime thread(s) each" in log.read_text()
         assert len(replica_pids()) == 1
+        # the cluster started for it is reachable from this machine only: every socket any of its processes
+        # listens on (GCS, raylet, agents, metrics, Serve's controller, proxy and replica, this driver)
+        listening = listening_sockets(descendants(server.process.pid))
+        names = {name for name, _, _ in listening}
+        assert {"gcs_server", "raylet", "ray::ProxyActor"} <= names and ("ray::ProxyActor", "127.0.0.1",
+                                                                         server.port) in listening, listening
+        assert any(name.startswith("ray::ServeRepli") for name in names), listening
+        assert [s for s in listening if not is_loopback(s[1])] == []
         pcm = server.client().audio.speech.create(model="tts-1", voice="synthetic", input=TEXTS[1],
                                                    response_format="pcm", extra_body={"seed": 9, "max_frames": 6})
         assert np.array_equal(np.frombuffer(pcm.content, "<i2"), realtime_pcm(tiny_bundle, 9, 6, TEXTS[1]))

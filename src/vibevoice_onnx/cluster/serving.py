@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import VibeVoiceError
-from .ray_cluster import connect
+from .ray_cluster import connect, is_loopback
 
 APPLICATION = "vibevoice"
 
@@ -69,9 +69,11 @@ def application(bundles: list[Path], settings, replicas: Replicas, threads: int,
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "stopping"}
 
     def build_app():  # runs on each replica as it starts
+        from vibevoice_onnx.cluster.serving import keep_replica_on_its_node
         from vibevoice_onnx.runtime.bundle import share_threads
         from vibevoice_onnx.serve import Models, Settings, create_app
 
+        keep_replica_on_its_node()
         share_threads(threads)  # the replica's process runs our sessions and nothing else
         replica_settings = Settings(**fields)
         models = Models.open([Path(p) for p in paths], threads=threads, force=force, aliases=aliases,
@@ -133,3 +135,25 @@ def undeploy(disconnect: bool) -> None:
     finally:
         if disconnect:
             ray.shutdown()
+
+
+def keep_replica_on_its_node() -> None:
+    """On a node whose address is 127.0.0.1 (a cluster started here), this replica's server for calls between
+    deployments listens on 127.0.0.1 too: Serve binds it to every interface ("[::]:0") whatever the node's
+    address, with no setting to change it, and it unpickles what it is sent. Elsewhere, and on a Serve without
+    that server, nothing changes."""
+    import ray
+    from ray.serve._private import replica
+
+    node = ray.util.get_node_ip_address()
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if not is_loopback(node) or bind is None or getattr(bind, "keeps_to_node", False):
+        return
+    host = f"[{node}]" if ":" in node else node
+
+    def add_port_on_node(server, address: str):
+        wildcard, _, port = address.rpartition(":")
+        return bind(server, f"{host}:{port}" if wildcard in ("[::]", "0.0.0.0") else address)
+
+    add_port_on_node.keeps_to_node = True
+    replica.add_port_to_grpc_server = add_port_on_node
