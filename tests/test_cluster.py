@@ -249,6 +249,18 @@ def listening_sockets(pids: list[int]) -> list[tuple[str, str, int]]:
     return found
 
 
+def processes_with(marker: str) -> list[int]:
+    """Processes whose environment holds `marker` (NAME=VALUE): all that a process started with it started."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 def realtime_pcm(bundle: Path, seed: int, frames: int, text: str) -> np.ndarray:
     from vibevoice_onnx.audio import to_pcm16
     from vibevoice_onnx.runtime.realtime import RealtimeTTS
@@ -287,6 +299,62 @@ def test_serve_on_ray_from_the_command_line_answers_and_stops_on_sigterm(tiny_bu
     finally:
         assert server.stop(timeout=60) == 0, log.read_text()
     assert replica_pids() == set()  # the deployment and the cluster started for it are gone
+
+
+def test_serve_on_ray_that_cannot_start_says_why_in_a_sentence_and_leaves_no_ray_behind(tiny_bundle, tmp_path):
+    """The port Serve's proxy is to listen on is taken: Ray's proxy actor fails its start (a task error from
+    the actor, raised by serve.start); the command says so in one line and takes its cluster down."""
+    pytest.importorskip("fastapi")
+    import socket
+    import subprocess
+    import uuid
+
+    from vibevoice_onnx.cli import EXIT_ERROR
+
+    marker = f"VIBEVOICE_TEST_RUN={uuid.uuid4().hex}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "serve", str(tiny_bundle), "--ray",
+                              "--threads", "1", "--port", str(port)], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})
+    assert run.returncode == EXIT_ERROR, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: Ray Serve did not start on 127.0.0.1:{port}: Failed to bind to address "
+                      f"'127.0.0.1:{port}' (is another server listening there?)"], run.stderr
+    assert "Traceback" not in run.stderr
+    deadline = time.monotonic() + 30  # ray.shutdown has ended them; a worker may take a moment to notice
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []
+
+
+def test_serve_on_ray_whose_proxy_ray_killed_is_one_sentence_and_the_cluster_is_shut_down(tiny_bundle, capsys,
+                                                                                         monkeypatch):
+    """What the bug report saw: Serve's controller killed a proxy that was slow to start, and serve.start raised
+    the ActorDiedError of the proxy it was waiting for."""
+    pytest.importorskip("fastapi")
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+
+    from vibevoice_onnx.cli import EXIT_ERROR, main
+    from vibevoice_onnx.cluster import serving
+
+    undeployed = []
+
+    def proxy_killed(app, host, port):
+        raise ActorDiedError(ActorDiedErrorContext(
+            class_name="ProxyActor", actor_id=bytes(16), name="SERVE_PROXY_ACTOR-0", ray_namespace="serve",
+            error_message="The actor is dead because it was killed by `ray.kill`."))
+
+    monkeypatch.setattr(serving, "connect", lambda address, cpus: True)
+    monkeypatch.setattr(serving, "deploy", proxy_killed)
+    monkeypatch.setattr(serving, "undeploy", undeployed.append)
+    assert main(["serve", str(tiny_bundle), "--ray", "--port", "8123"]) == EXIT_ERROR
+    assert capsys.readouterr().err == ("error: Ray Serve did not start on 127.0.0.1:8123: its HTTP proxy died "
+                                       "before it was ready (Ray killed it)\n")
+    assert undeployed == [True]  # Serve and the cluster started for it, shut down
 
 
 def test_serve_on_ray_refuses_what_it_cannot_do_before_starting_anything(tiny_bundle, capsys, monkeypatch):

@@ -102,7 +102,13 @@ def run(bundles: list[Path], settings, replicas: Replicas, host: str = "127.0.0.
     threads = threads or max(1, len(os.sched_getaffinity(0)) // replicas.most)
     started_here = connect(address, cpus=replicas.most * threads)
     try:
-        deploy(application(bundles, settings, replicas, threads, force, aliases, shutdown_seconds), host, port)
+        try:
+            deploy(application(bundles, settings, replicas, threads, force, aliases, shutdown_seconds), host, port)
+        except ray_failures() as e:
+            reason = failure_reason(e)
+            if "bind" in reason:  # the proxy's "Failed to bind to address '127.0.0.1:8000'"
+                reason += " (is another server listening there?)"
+            raise VibeVoiceError(f"Ray Serve did not start on {host}:{port}: {reason}") from None
         scale = f"{replicas.least}-{replicas.most} replicas (autoscaling)" if replicas.autoscaling else \
             f"{replicas.least} replica{'s' * (replicas.least > 1)}"
         log(f"serving on http://{host}:{port} with Ray Serve: {scale}, {threads} onnxruntime thread(s) each")
@@ -132,9 +138,40 @@ def undeploy(disconnect: bool) -> None:
             serve.shutdown()
         else:  # someone else's cluster: leave its Serve (and any other application) running
             serve.delete(APPLICATION)
+    except ray_failures() as e:
+        if not disconnect:
+            raise VibeVoiceError(f"could not take the Ray Serve application '{APPLICATION}' down: "
+                                 f"{failure_reason(e)}") from None
+        # our own cluster, whose Serve did not start or is past stopping well: it goes down with the cluster
     finally:
         if disconnect:
             ray.shutdown()
+
+
+def ray_failures() -> tuple[type[BaseException], ...]:
+    """What Ray and Serve raise when they fail (an actor that died or was killed, a task that raised, a wait that
+    timed out, an application that did not deploy), as against a mistake in our code."""
+    from ray.exceptions import RayError
+    from ray.serve.exceptions import RayServeException
+
+    return RayError, RayServeException, TimeoutError, RuntimeError
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line for what Ray raised, whose text is often a remote traceback over many lines."""
+    import re
+
+    from ray.exceptions import RayActorError, RayTaskError
+
+    if isinstance(error, RayActorError):
+        actor = re.search(r"class_name: (\w+)", str(error))
+        name = {"ProxyActor": "HTTP proxy", "ServeController": "controller"}.get(actor and actor.group(1), "actor")
+        how = "Ray killed it" if "ray.kill" in str(error) else "see the Ray logs"
+        return f"its {name} died before it was ready ({how})"
+    if isinstance(error, RayTaskError) and error.cause is not None:
+        error = error.cause  # the exception raised in the actor (the proxy's "Failed to bind to address ...")
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    return next((line for line in lines if line), type(error).__name__).rstrip(".")
 
 
 def keep_replica_on_its_node() -> None:
