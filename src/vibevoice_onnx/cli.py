@@ -140,7 +140,7 @@ def cmd_speak(args) -> int:
 def cmd_decode(args) -> int:
     import soundfile as sf
 
-    from .outputs import atomic_file, check_output_file
+    from .outputs import atomic_file, check_output_file, writer_os_error
     from .runtime.speech import open_tts
     from .sampling import read_npy
 
@@ -151,6 +151,8 @@ def cmd_decode(args) -> int:
         try:
             sf.write(partial, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT", format="WAV")
         except sf.LibsndfileError as e:
+            if writer_os_error(e) is not None:
+                raise writer_os_error(e) from None  # atomic_file names the output and the reason (a full disk)
             raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
     print(f"decoded {len(latents)} frames ({len(audio) / rate:.2f} s) into {args.output}", file=sys.stderr)
     return 0
@@ -775,17 +777,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except OSError as e:
-        from .outputs import os_error_message
-
-        print(f"error: {os_error_message(e)}", file=sys.stderr)
-        return EXIT_ERROR
     except Terminated:
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a failed write (a full disk) in a writer's own type; others go on
+        from .outputs import os_error_message, writer_os_error
+
+        if writer_os_error(e) is None:
+            raise
+        print(f"error: {os_error_message(writer_os_error(e))}", file=sys.stderr)
+        return EXIT_ERROR
     finally:
         sys.unraisablehook = previous_hook
         if in_main_thread:

@@ -7,6 +7,7 @@ loss) leaves one, and the PID in its name lets a later run tell a dead writer's 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -15,18 +16,55 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import VibeVoiceError
+from .errors import StorageFull, VibeVoiceError
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})  # no room: a full disk, a quota, a file-size limit
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+_SFE_SYSTEM = 2  # libsndfile's code for a failed system call (its errno is left in errno)
 
 
-def os_error_message(error: OSError, action: str = "") -> str:
-    """One sentence for a file-system failure: the file, what we were doing, and the system's reason."""
-    where = error.filename if error.filename is not None else "(unnamed file)"
+def os_error_message(error: OSError, action: str = "", path: Path | str | None = None) -> str:
+    """One sentence for a file-system failure: the file (`path` where the error names none), what we were
+    doing, and the system's reason."""
+    where = error.filename if error.filename is not None else path if path is not None else "(unnamed file)"
     if error.filename2 is not None:
         where = f"{where} -> {error.filename2}"
     reason = (error.strerror or str(error) or type(error).__name__).rstrip(".").lower()
     return f"{where}: {action + ' failed: ' if action else ''}{reason}"
+
+
+def writer_os_error(error: BaseException) -> OSError | None:
+    """The OSError behind a failed write, or None: the error itself, or the one a writer in C or Rust reports in
+    a type of its own (safetensors' SafetensorError names it in its text as "(os error N)"; libsndfile's
+    "System error" leaves it in errno, which cffi keeps for the thread)."""
+    if isinstance(error, OSError):
+        return error
+    kind = type(error).__name__
+    number = None
+    if kind == "SafetensorError":
+        match = _RUST_OS_ERROR.search(str(error))
+        number = int(match[1]) if match else None
+    elif kind == "LibsndfileError" and getattr(error, "code", None) == _SFE_SYSTEM:
+        import soundfile
+
+        number = soundfile._ffi.errno or None
+    return OSError(number, os.strerror(number)) if number else None
+
+
+def storage_full(error: BaseException) -> bool:
+    """Whether `error` says the file system had no room (StorageFull, or an OSError behind it with ENOSPC,
+    EDQUOT or EFBIG)."""
+    if isinstance(error, StorageFull):
+        return True
+    cause = writer_os_error(error)
+    return cause is not None and cause.errno in FULL
+
+
+def file_error(error: OSError, action: str = "", path: Path | str | None = None) -> VibeVoiceError:
+    """The one-sentence error for a failed file operation: StorageFull when the file system had no room."""
+    kind = StorageFull if error.errno in FULL else VibeVoiceError
+    return kind(os_error_message(error, action, path))
 
 
 def _process_alive(pid: int) -> bool:
@@ -81,17 +119,20 @@ def atomic_file(target: Path, action: str = "writing") -> Iterator[Path]:
     try:
         fd, name = tempfile.mkstemp(prefix=_partial_name(target), dir=target.resolve().parent)
     except OSError as e:
-        raise VibeVoiceError(os_error_message(e, action)) from None
+        raise file_error(e, action) from None
     os.close(fd)
     partial = Path(name)
     try:
         yield partial
         os.chmod(partial, 0o644)  # mkstemp makes files private; outputs are meant to be shared
         os.replace(partial, target)
-    except OSError as e:
-        if e.filename in (None, str(partial)):  # name the file the user asked for, not our temporary one
-            e.filename, e.filename2 = str(target), None
-        raise VibeVoiceError(os_error_message(e, action)) from None
+    except Exception as e:
+        cause = writer_os_error(e)
+        if cause is None:
+            raise
+        if cause.filename in (None, str(partial)):  # name the file the user asked for, not our temporary one
+            cause.filename, cause.filename2 = str(target), None
+        raise file_error(cause, action) from None
     finally:
         partial.unlink(missing_ok=True)
 
@@ -108,24 +149,25 @@ def _make_parents(folder: Path) -> list[Path]:
 
 @contextmanager
 def atomic_directory(target: Path, log: Callable[[str], None] | None = None,
-                     keep: Callable[[Path, Path], None] | None = None) -> Iterator[Path]:
+                     keep: Callable[[Path, Path], None] | None = None, action: str = "writing") -> Iterator[Path]:
     """Yield a partial directory beside `target` that replaces it only if the block completes.
 
     Stale partials of killed runs beside `target` are removed first. On failure the partial goes, and so do
-    the parent directories this call created. `keep(old, new)` may carry files over from the directory
-    being replaced before the swap.
+    the parent directories this call created, and a write that fails is one sentence (StorageFull where the
+    file system had no room) naming the file as it would have been in `target`, after `action`. `keep(old,
+    new)` may carry files over from the directory being replaced before the swap.
     """
     target = Path(target)
     try:
         created = _make_parents(target.parent)
     except OSError as e:
-        raise VibeVoiceError(os_error_message(e, "creating the output folder")) from None
+        raise file_error(e, "creating the output folder") from None
     try:
         remove_stale_partials(target.parent, log)
         partial = Path(tempfile.mkdtemp(prefix=_partial_name(target), dir=target.parent))
     except OSError as e:
         _remove_created(created)
-        raise VibeVoiceError(os_error_message(e, "creating the output folder")) from None
+        raise file_error(e, "creating the output folder") from None
     try:
         yield partial
         if keep is not None and target.is_dir():
@@ -135,9 +177,22 @@ def atomic_directory(target: Path, log: Callable[[str], None] | None = None,
     except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
         _remove_created(created)
-        if isinstance(e, OSError):
-            raise VibeVoiceError(os_error_message(e, f"writing {target}")) from None
-        raise
+        cause = writer_os_error(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        cause.filename = _as_in_target(cause.filename, partial, target)
+        cause.filename2 = _as_in_target(cause.filename2, partial, target) if cause.filename2 else None
+        raise file_error(cause, action) from None
+
+
+def _as_in_target(name: str | None, partial: Path, target: Path) -> str:
+    """A file of the partial directory named as it would be in the target (the partial is gone, and was ours)."""
+    if name is None:
+        return str(target)
+    try:
+        return str(target / Path(name).relative_to(partial))
+    except ValueError:
+        return str(name)
 
 
 def _share(folder: Path) -> None:

@@ -1,7 +1,8 @@
 """`vibevoice-onnx build`: a checkpoint becomes an ONNX bundle directory, atomically.
 
 Everything is written into a temporary directory next to the destination and renamed into place at the
-end, so an interrupted or failed build never leaves a bundle that looks complete.
+end, so an interrupted or failed build (a full disk included) never leaves a bundle that looks complete, and
+the bundle it would have replaced stays as it was.
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
         model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
     if source is not None:
         log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
-    with atomic_directory(final, log, keep=carry_over_voices) as tmp:
+    with atomic_directory(final, log, keep=carry_over_voices, action="writing the bundle") as tmp:
         graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source) if fresh else _copied_graphs(source, tmp)
         if precision != "fp32":
             _convert_precision(policy_kind, precision, graphs, tmp)
