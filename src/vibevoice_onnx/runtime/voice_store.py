@@ -8,11 +8,11 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file, os_error_message, remove_stale_partials
+from ..outputs import atomic_file, file_error, remove_stale_partials
 from ..audio import VoiceSample, save_voice_sample
 from ..voices import save_voice
 from ..checkpoints.configs import LONG_FORM_KINDS
-from .bundle import Bundle, record_files, voice_path, write_manifest
+from .bundle import Bundle, file_record, voice_path, write_manifest
 
 
 def import_voice(bundle_dir: Path, source: Path | str, name: str | None = None, force: bool = False) -> tuple[str, dict]:
@@ -40,13 +40,17 @@ def import_voice(bundle_dir: Path, source: Path | str, name: str | None = None, 
     try:
         target.parent.mkdir(exist_ok=True)
     except OSError as e:
-        raise VibeVoiceError(os_error_message(e, "creating the voices folder")) from None
+        raise file_error(e, "creating the voices folder") from None
     remove_stale_partials(target.parent, log=lambda m: print(m, file=sys.stderr))
+    # The manifest recording the voice is written while the voice is still partial, then the voice renamed in:
+    # a write that fails (a full disk) leaves the previous voice and manifest both as they were.
+    relative = target.relative_to(bundle.path).as_posix()
     with atomic_file(target, "writing the voice") as temporary:
         write(temporary)
-    relative = target.relative_to(bundle.path).as_posix()
-    write_manifest(bundle.path, record_files(bundle.path, Bundle(bundle.path).manifest, [relative]),
-                   "recording the voice in the manifest")
+        manifest = Bundle(bundle.path).manifest
+        files = {**(manifest.get("files") or {}), relative: file_record(temporary)}
+        write_manifest(bundle.path, {**manifest, "files": dict(sorted(files.items()))},
+                       "recording the voice in the manifest")
     return name, summary
 
 
