@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file
+from ..outputs import atomic_file, file_error
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a file name on every system, never a path
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif"}
 TASKS = {"synthesize": ("audio", ".wav"), "transcribe": ("transcripts", ".json")}
+STOPPED = "stopped"  # a worker's answer when the file system had no room: never written, the job stops on it
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Row:
     """An item's line of the manifest."""
 
     id: str
-    status: str  # "ok" or "error"
+    status: str  # "ok" or "error" (or STOPPED, handed back but never written)
     output: str | None
     audio_seconds: float | None
     tokens: int | None
@@ -47,7 +48,7 @@ class JobFolder:
             for folder in (self.outputs, self.rows):
                 folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise VibeVoiceError(f"{self.out}: cannot create the output folders ({e.strerror or e})") from None
+            raise file_error(e, "creating the output folders", self.out) from None
 
     def output(self, item_id: str) -> Path:
         return self.outputs / f"{item_id}{self.suffix}"

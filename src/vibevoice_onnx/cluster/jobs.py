@@ -4,8 +4,10 @@ The items (cluster.items) that are not complete yet go through one `map_batches`
 (cluster.workers) opens the bundle once per worker, in an actor pool of `workers`; each worker writes its
 items' outputs and rows itself, so results stream to disk as they are made. Ray restarts a worker that dies and
 resubmits its item, which then replaces its own half-made output (never written: a temporary name) and row.
-When the stage is done, the manifest is written from the rows, one per item. Without an address, a local
-cluster is started for the job and stopped after it.
+When the stage is done, the manifest is written from the rows, one per item. A file system that runs out of
+room stops the job at the first item that finds none (one sentence; that item and those after are made by the
+next run), instead of failing every item after it. Without an address, a local cluster is started for the
+job and stopped after it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import VibeVoiceError
+from ..errors import StorageFull, VibeVoiceError
 from ..outputs import remove_stale_partials
-from .items import JobFolder, read_items
+from .items import STOPPED, JobFolder, read_items
 from .ray_cluster import connect
 from .workers import WORKERS
 
@@ -60,8 +62,13 @@ def run_job(task: str, bundle: Path, items_path: Path, out: Path, address: str |
     start = time.perf_counter()
     if pending:
         threads = threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
-        _run_pipeline(pending, worker_class or WORKERS[task], dict(bundle=str(Path(bundle).resolve()),
-                      out=str(Path(out).resolve()), threads=threads, force=force), address, workers, log, start)
+        try:
+            _run_pipeline(pending, worker_class or WORKERS[task], dict(bundle=str(Path(bundle).resolve()),
+                          out=str(Path(out).resolve()), threads=threads, force=force), address, workers, log, start)
+        except StorageFull as e:  # no item's fault: every item after would fail the same way
+            complete = len(folder.complete() & {item["id"] for item in items})
+            raise StorageFull(f"{e}; the job stopped with {complete} of {len(items)} items complete (run it again "
+                              "once there is room, and it makes the rest)") from None
     rows = folder.write_manifest([item["id"] for item in items])
     failed = [row for row in rows if row.status != "ok"]
     wall = time.perf_counter() - start
@@ -88,6 +95,8 @@ def _run_pipeline(pending: list[dict], worker_class, worker_options: dict, addre
         made = failed = 0
         audio = 0.0
         for row in rows.iter_rows():
+            if row["status"] == STOPPED:
+                raise StorageFull(row["error"])
             made += 1
             failed += row["status"] != "ok"
             audio += row["audio_seconds"] or 0.0

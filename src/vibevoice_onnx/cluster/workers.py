@@ -11,8 +11,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import VibeVoiceError
-from .items import JobFolder, Row
+from ..errors import StorageFull, VibeVoiceError
+from ..outputs import file_error, storage_full, writer_os_error
+from .items import STOPPED, JobFolder, Row
 
 SYNTHESIS_FIELDS = {"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
                     "wav_format", "turn_gap", "voice_latents", "response_format"}
@@ -27,21 +28,40 @@ class Worker:
     def __init__(self, out: str):
         self.folder = JobFolder(Path(out), self.task)
         self.name = worker_name()
+        self.full: str | None = None  # the write that found no room, once one has: its sentence
 
     def __call__(self, batch: dict) -> dict:
         rows = [self.run(json.loads(str(text))) for text in batch["item"]]
         return {name: [getattr(row, name) for row in rows] for name in asdict(rows[0])}
 
     def run(self, item: dict) -> Row:
-        """The item made and its row written; a bad item becomes a row with its error, never an exception."""
+        """The item made and its row written; a bad item becomes a row with its error, never an exception.
+
+        A file system without room is no item's fault: the row handed back says STOPPED (the driver stops the
+        job), nothing of the item is left on disk, not even its row, so the next run makes it; and this worker
+        makes nothing more."""
         start = time.perf_counter()
+        if self.full is not None:
+            return self._stopped(item, start, self.full)
         try:
             row = self.make(item, start)
         except (VibeVoiceError, ValueError, TypeError, OSError) as e:
+            if storage_full(e):
+                return self._stopped(item, start, e)
             row = Row(item["id"], "error", None, None, None, round(time.perf_counter() - start, 3), str(e))
         row.worker = self.name
-        self.folder.write_row(row)
+        try:
+            self.folder.write_row(row)
+        except StorageFull as e:
+            return self._stopped(item, start, e)
         return row
+
+    def _stopped(self, item: dict, start: float, error: Exception | str) -> Row:
+        """The item handed back undone; the first write that found no room is what every later item reports."""
+        if self.full is None:
+            self.full = str(error) if isinstance(error, VibeVoiceError) else str(
+                file_error(writer_os_error(error), "writing", self.folder.output(item["id"])))
+        return Row(item["id"], STOPPED, None, None, None, round(time.perf_counter() - start, 3), self.full, self.name)
 
     def make(self, item: dict, start: float) -> Row:
         raise NotImplementedError
