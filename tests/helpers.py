@@ -98,11 +98,14 @@ class Server:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, max_retries=0, timeout=60, **options)
 
     def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, then the exit status; whatever the tests sent, the log must hold no traceback."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout)
+            status = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
             raise AssertionError("the server did not stop within 30 s of SIGTERM") from None
+        assert "Traceback" not in self.log.read_text(), self.log.read_text()
+        return status

@@ -190,9 +190,8 @@ def test_the_servers_voice_upload_on_a_full_disk_is_one_sentence_and_stores_noth
     assert snapshot(disk.root) == before
     message = answer["body"]["error"]["message"]
     assert "\n" not in message and "Traceback" not in done.stderr, answer
-    if answer["status"] != 507:  # serve/app.py answers StorageFull with 507 insufficient storage
-        pytest.xfail(f"the server answered {answer['status']} ({message}), not 507 for a full disk")
-    assert message.endswith(disk.reason), message
+    assert answer["status"] == 507 and answer["body"]["error"]["code"] == "insufficient_storage", answer
+    assert message.endswith(disk.reason) and str(disk.root) not in message, message
 
 
 # ---- a batch job ----

@@ -158,7 +158,37 @@ def test_a_failure_mid_stream_ends_an_sse_stream_with_a_json_error_event(client,
     events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
     assert events[0]["type"] == "speech.audio.delta"
     assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "server_error"
-    assert "the encoder broke" in events[-1]["error"]["message"]
+    request_id = response.headers["x-request-id"]  # the message names no exception: the log has it under this id
+    assert events[-1]["error"]["message"].endswith(f"request id {request_id}"), events[-1]
+    assert "the encoder broke" not in events[-1]["error"]["message"]
+
+
+def test_an_exception_at_the_top_is_one_log_line_and_a_500_that_names_the_request(client, monkeypatch, caplog):
+    """Whatever escapes a route: a 500 in OpenAI's shape that names no exception but the request id, and one
+    log line with that id; the traceback only at debug level."""
+    import logging
+
+    from vibevoice_onnx.serve import speech as speech_route
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.setattr(speech_route, "parse_speech", broken)
+    with caplog.at_level(logging.DEBUG, logger="vibevoice_onnx.serve"):
+        response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": TEXT})
+        with client.websocket_connect("/v1/audio/speech/stream") as ws:
+            ws.send_json({"model": "tts-1"})
+            event = ws.receive_json()
+            closed = ws.receive()
+    request_id = response.headers["x-request-id"]
+    assert error_of(response, 500).endswith(f"request id {request_id}") and "RuntimeError" not in response.text
+    assert event["error"]["type"] == "server_error" and "request id" in event["error"]["message"]
+    assert closed["type"] == "websocket.close" and closed["code"] == 1011
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and not any(r.exc_info for r in warnings), [r.getMessage() for r in warnings]
+    assert warnings[0].getMessage() == f"POST /v1/audio/speech failed: RuntimeError: a bug over two lines [request {request_id}]"
+    assert warnings[1].getMessage().startswith("WS /v1/audio/speech/stream failed: RuntimeError: a bug over two lines")
+    assert [r.levelno for r in caplog.records if r.exc_info] == [logging.DEBUG, logging.DEBUG]
 
 
 def test_speech_takes_a_15b_script_with_a_voice_per_speaker(client, models):

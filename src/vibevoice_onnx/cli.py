@@ -357,7 +357,7 @@ def cmd_serve(args) -> int:
         raise VibeVoiceError(f"serving needs the serve extra (pip install 'vibevoice-onnx[serve]'): {e}") from None
     settings = Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue,
                         max_input_chars=args.max_input_chars, max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                        body_timeout=args.body_timeout)
+                        body_timeout=args.body_timeout, max_frames=args.max_frames)
     bundles, aliases = [Path(b) for b in args.bundle], parse_aliases(args.voice_alias or [])
     try:
         if args.ray:
@@ -663,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "with Retry-After (default 16)")
     p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
+    p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="the most latent frames a speech "
+                   "request may generate, 7.5 a second of audio (default: as many as the model's context holds)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS", help="time for a request body "
                    "to arrive (default 30)")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health "

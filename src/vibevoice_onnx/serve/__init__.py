@@ -32,6 +32,9 @@ def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: 
             settings.stopping.set()  # streams wind down at their next frame, before uvicorn waits for them
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, ws="websockets",
+    from uvicorn.config import WS_PROTOCOLS
+
+    ws = "websockets-sansio" if "websockets-sansio" in WS_PROTOCOLS else "websockets"  # the other is deprecated
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, ws=ws,
                             ws_max_size=1 << 20, timeout_graceful_shutdown=shutdown_seconds, timeout_keep_alive=30)
     Server(config).run()

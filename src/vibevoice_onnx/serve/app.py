@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,16 +25,21 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from ..audio import SAMPLE_RATE
-from ..errors import VibeVoiceError
+from ..errors import StorageFull, VibeVoiceError
+from ..outputs import file_error, writer_os_error
 from ..runtime.bundle import voice_path
 from ..checkpoints.configs import LONG_FORM_KINDS
+from . import schema
 from . import speech as speech_route
 from . import transcriptions as asr_route
 from .fields import served_model
-from .http import Admission, ApiError, Pump, bounded, read_body, sse_event, with_timeout
+from .http import (Admission, ApiError, ClientGone, Pump, bounded, read_json, receive_message, sse_event,
+                   with_timeout)
 from .models import Models
 
 log = logging.getLogger("vibevoice_onnx.serve")
+REQUEST_ID = "vibevoice.request_id"  # scope keys: the id every log line and answer of a request carries,
+LOGGED = "vibevoice.logged"  # and whether its failure was logged already
 API_KEY_ENV = "VIBEVOICE_API_KEY"
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and text fields, beyond the upload itself
 
@@ -44,6 +50,7 @@ class Settings:
     max_batch: int = 4  # generations of one bundle batched step by step (bench --streams measures it)
     max_queue: int = 16  # requests that may wait for one; beyond, 429
     max_input_chars: int = 4096
+    max_frames: int | None = None  # latent frames a speech request may generate (7.5 a second); None: the context
     max_upload_mb: float = 25.0  # OpenAI's own limit
     api_key: str | None = None
     body_timeout: float = 30.0  # seconds for a request body (or a websocket message) to arrive
@@ -51,8 +58,8 @@ class Settings:
 
     def __post_init__(self):
         for name, least in (("max_active", 1), ("max_batch", 1), ("max_queue", 0), ("max_input_chars", 1),
-                            ("max_upload_mb", 1e-3), ("body_timeout", 1e-3)):
-            if not getattr(self, name) >= least:
+                            ("max_upload_mb", 1e-3), ("body_timeout", 1e-3), ("max_frames", 1)):
+            if getattr(self, name) is not None and not getattr(self, name) >= least:
                 flag = "--" + name.replace("_", "-")
                 raise VibeVoiceError(f"{flag} must be at least {least:g}, got {getattr(self, name)}")
 
@@ -67,41 +74,42 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
         settings.stopping.set()
         workers.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="vibevoice-onnx", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = _Guarded(title="vibevoice-onnx", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
     state = _State(models, settings, workers)
     app.state.vibevoice = state
     _errors(app)
     _auth_and_log(app, settings)
+    voices = sorted({v for m in models.by_id.values() if m.task == "tts" for v in m.voices()})
 
-    @app.get("/health")
+    @app.get("/health", **schema.health())
     async def health():
         return {"status": "stopping" if settings.stopping.is_set() else "ok", "models": list(models.by_id)}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **schema.models_list())
     async def list_models():
         return {"object": "list", "data": [m.describe() for m in models.by_id.values()]}
 
-    @app.get("/v1/models/{model_id}")
+    @app.get("/v1/models/{model_id}", **schema.model())
     async def get_model(model_id: str):
         if model_id not in models.by_id:
             raise ApiError(404, f"no model '{model_id}' here (served: {', '.join(models.by_id)})", param="model",
                            code="model_not_found")
         return models.by_id[model_id].describe()
 
-    @app.get("/v1/audio/voices")
+    @app.get("/v1/audio/voices", **schema.voices_list())
     async def list_voices(model: str | None = None):
         chosen = [served_model(models, model, "tts")] if model else [m for m in models.by_id.values() if m.task == "tts"]
         return {"voices": [{"id": v, "name": v, "model": m.id} for m in chosen for v in m.voices()]}
 
-    @app.post("/v1/audio/voices")
+    @app.post("/v1/audio/voices", **schema.voice_upload(models.names("tts")))
     async def add_voice(request: Request):
         return await _add_voice(request, state)
 
-    @app.post("/v1/audio/speech")
+    @app.post("/v1/audio/speech", **schema.speech(settings, models.names("tts"), voices))
     async def speech(request: Request):
         return await _speech(request, state)
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", **schema.transcription(models.names("asr")))
     async def transcriptions(request: Request):
         return await _transcription(request, state)
 
@@ -140,6 +148,56 @@ class _State:
 
 # ---- errors, auth, the log line ----
 
+class _Guarded(FastAPI):
+    """The app behind a last line of defence: every request and socket gets an id (the `x-request-id` header,
+    and every log line of it), and an exception that reaches the top is one log line (its traceback at debug
+    level) and a 500 in OpenAI's shape, or a close with 1011, never a traceback through uvicorn."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await super().__call__(scope, receive, send)
+        request_id = scope.setdefault(REQUEST_ID, uuid.uuid4().hex[:12])
+        started = False
+
+        async def send_with_id(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            started = started or message["type"] in ("http.response.start", "websocket.accept", "websocket.close")
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, send_with_id)
+        except Exception as error:  # noqa: BLE001 - the point of this class
+            if not scope.get(LOGGED):
+                log_failure(scope, "the request", error)
+            if not started:
+                with contextlib.suppress(Exception):  # the client may be gone too
+                    await _answer_failure(scope, send)
+
+
+async def _answer_failure(scope, send) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1011, "reason": "internal error"})
+        return
+    body = _internal_error(scope).response()
+    await send({"type": "http.response.start", "status": 500, "headers": body.raw_headers})
+    await send({"type": "http.response.body", "body": body.body})
+
+
+def _internal_error(scope) -> ApiError:
+    return ApiError(500, f"internal error; the server log has the details under request id {scope.get(REQUEST_ID)}")
+
+
+def log_failure(scope, what: str, error: BaseException) -> None:
+    """One line for a failure (whitespace folded, so a multi-line message stays one line); the traceback
+    only at debug level (`--log-level debug`)."""
+    scope[LOGGED] = True
+    message = " ".join(str(error).split()) or "(no message)"
+    log.warning("%s failed: %s: %s [request %s]", what, type(error).__name__, message, scope.get(REQUEST_ID, "-"))
+    log.debug("the traceback of request %s", scope.get(REQUEST_ID, "-"), exc_info=error)
+
+
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request, error: ApiError):
@@ -148,6 +206,16 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(VibeVoiceError)
     async def user_error(request, error: VibeVoiceError):
         return ApiError(400, str(error)).response()
+
+    @app.exception_handler(StorageFull)
+    async def storage_full(request, error: StorageFull):  # the path stays in the log: it is the server's business
+        log.warning("%s %s: %s [request %s]", request.method, request.url.path, error, request.scope.get(REQUEST_ID))
+        reason = str(error).rsplit(": ", 1)[-1]
+        return ApiError(507, f"the server has no room to store this: {reason}", code="insufficient_storage").response()
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request, error: ClientGone):
+        return Response(status_code=499)  # nobody reads it: for the log line
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, error: RequestValidationError):
@@ -162,8 +230,8 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def server_error(request, error: Exception):
-        log.exception("unexpected error on %s", request.url.path)
-        return ApiError(500, f"internal error ({type(error).__name__}); the server log has the details").response()
+        log_failure(request.scope, f"{request.method} {request.url.path}", error)
+        return _internal_error(request.scope).response()
 
 
 def _authorized(headers, settings: Settings) -> bool:
@@ -183,34 +251,68 @@ def _auth_and_log(app: FastAPI, settings: Settings) -> None:
         else:
             response = await call_next(request)
         if not request.state.streamed:  # a stream logs its own line when it ends
-            log_request(request.method, request.url.path, request.state.model, response.status_code,
-                        time.perf_counter() - started, request.state.audio_seconds)
+            log_request(request.scope, request.state.model, response.status_code, time.perf_counter() - started,
+                        request.state.audio_seconds)
         return response
 
 
-def log_request(method: str, route: str, model, status, seconds: float, audio_seconds=None, note: str = "") -> None:
+def log_request(scope, model, status, seconds: float, audio_seconds=None, note: str = "") -> None:
+    method = "WS" if scope["type"] == "websocket" else scope["method"]
     audio = f" audio={audio_seconds:.2f}s" if audio_seconds is not None else ""
-    log.info("%s %s model=%s status=%s seconds=%.3f%s%s", method, route, model or "-", status, seconds, audio,
-             f" {note}" if note else "")
+    log.info("%s %s model=%s status=%s seconds=%.3f%s%s [request %s]", method, scope["path"], model or "-", status,
+             seconds, audio, f" {note}" if note else "", scope.get(REQUEST_ID, "-"))
+
+
+def _client_error(scope, error: Exception) -> ApiError:
+    """What a client is told of a failure after its request was accepted: its own fault in one sentence,
+    or an internal error with the request id (the log has the rest)."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, VibeVoiceError):
+        return ApiError(400, str(error))
+    return _internal_error(scope)
+
+
+class _Stream(StreamingResponse):
+    """A streamed answer whose body is closed however the response ends, so that its generation stops at
+    once; a client leaving mid-stream is an ordinary end, which the body's own log line records."""
+
+    async def __call__(self, scope, receive, send):
+        async with contextlib.aclosing(self.body_iterator):
+            try:
+                await super().__call__(scope, receive, send)
+            except (ClientDisconnect, OSError):  # ASGI 2.4 servers: the client left while we sent
+                scope[LOGGED] = True
+
+
+async def _streamed(scope, body, pump: Pump, model: str, started: float, sse: bool, audio_seconds=lambda: None):
+    """A streamed answer's bytes, from `body`, with what every stream shares: a failure after the first byte
+    is an SSE error event (or, for raw audio, a cut stream), a client that leaves stops the generation, and
+    one log line at the end."""
+    status, note = 200, ""
+    try:
+        async for data in body:
+            yield data
+    except (asyncio.CancelledError, GeneratorExit):
+        status, note = 499, "client disconnected"
+        raise
+    except Exception as e:  # noqa: BLE001 - after the first byte there is no status to change
+        status, note = 500, "failed mid-stream"
+        log_failure(scope, f"{scope['method']} {scope['path']}", e)
+        if not sse:
+            raise  # the response is cut short, and the guard knows it was logged
+        yield sse_event("error", **_client_error(scope, e).body())
+    finally:
+        pump.stop()
+        log_request(scope, model, status, time.perf_counter() - started, audio_seconds(), note)
 
 
 # ---- speech ----
 
-async def _json_body(request: Request, state: _State):
-    import json
-
-    limit = state.settings.max_input_chars * 4 + 64 * 1024
-    raw = await read_body(request, limit, state.settings.body_timeout)
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
-
-
 async def _speech(request: Request, state: _State):
     started = time.perf_counter()
-    body = await _json_body(request, state)
-    parsed = speech_route.parse_speech(body, state.models, state.settings.max_input_chars)
+    body = await read_json(request, state.settings.max_input_chars * 4 + 64 * 1024, state.settings.body_timeout)
+    parsed = speech_route.parse_speech(body, state.models, state.settings.max_input_chars, state.settings.max_frames)
     request.state.model = parsed.model.id
     generation = speech_route.start(parsed)
     sse = parsed.stream_format == "sse"
@@ -218,67 +320,83 @@ async def _speech(request: Request, state: _State):
                            on_stop=getattr(generation, "close", None))
     request.state.streamed = True
 
-    async def stream():
-        status, note = 200, ""
-        try:
-            async for data in pump:
-                yield data
-            if sse:
-                yield sse_event("speech.audio.done",
-                                             usage=speech_route.usage(parsed.model, parsed.text, generation.result.frames))
-        except asyncio.CancelledError:
-            status, note = 499, "client disconnected"
-            raise
-        except Exception as e:  # after the first byte there is no status to change: say so in the stream, or cut it
-            status, note = 500, f"generation failed: {e}"
-            log.exception("speech generation failed")
-            if not sse:
-                raise
-            yield sse_event("error", **ApiError(500, str(e)).body())
-        finally:
-            pump.stop()
-            log_request("POST", "/v1/audio/speech", parsed.model.id, status, time.perf_counter() - started,
-                        generation.audio_seconds, note)
+    async def audio():
+        async for data in pump:
+            yield data
+        if sse:
+            yield sse_event("speech.audio.done", usage=speech_route.usage(parsed.model, parsed.text,
+                                                                          generation.result.frames))
 
     headers = {"x-vibevoice-seed": str(generation.seed)} if generation.seed is not None else {}
-    return StreamingResponse(stream(), media_type=parsed.media_type, headers=headers)
+    return _Stream(_streamed(request.scope, audio(), pump, parsed.model.id, started, sse,
+                             lambda: generation.audio_seconds), media_type=parsed.media_type, headers=headers)
 
 
 @dataclass
 class _SocketRun:
-    """What a websocket's exchange tells the wrapper around it (see _socket): for the log, and what to stop."""
+    """One websocket exchange: what the log line says of it, the generation to stop, and its one answer to
+    a failure (see fail)."""
+    websocket: WebSocket
     model: str | None = None
     pump: Pump | None = None
     audio_seconds: object = lambda: None  # called for the log line once the exchange is over
+    status: object = "done"
+    closed: bool = False
+
+    async def fail(self, error: Exception) -> None:
+        """Answer the first failure, and only the first: the client leaving ends the exchange; anything else is
+        an error event in OpenAI's shape and a close whose code says whose fault it was (1008 the client's,
+        1011 ours) and whose reason is the sentence."""
+        if self.closed:
+            return
+        self.closed = True
+        if isinstance(error, WebSocketDisconnect):
+            self.status = "client disconnected"
+            return
+        scope = self.websocket.scope
+        answer = _client_error(scope, error)
+        if answer.status >= 500:
+            log_failure(scope, f"WS {scope['path']}", error)
+        self.status = answer.status
+        with contextlib.suppress(Exception):  # the client may have gone meanwhile
+            await self.websocket.send_json({"type": "error", **answer.body()})
+            await self.websocket.close(code=1008 if answer.status < 500 else 1011, reason=_close_reason(answer.message))
+
+    def listen(self, receive_loop, stop) -> asyncio.Task:
+        """`receive_loop()` reading the client's messages beside the outgoing stream; when it fails (a bad
+        message, the client gone) the failure is answered and `stop()` ends the generation."""
+        async def listening():
+            try:
+                await receive_loop()
+            except Exception as e:  # noqa: BLE001 - WebSocketDisconnect and ApiError among them
+                await self.fail(e)
+                stop()
+
+        return asyncio.create_task(listening())
 
 
-async def _socket(websocket: WebSocket, settings: Settings, route: str, what: str, exchange) -> None:
-    """What every websocket shares: the API key, accept, any failure as an error message and a close code, the
+def _close_reason(message: str) -> str:
+    return message.encode()[:123].decode(errors="ignore")  # a close frame's reason holds at most 123 bytes
+
+
+async def _socket(websocket: WebSocket, settings: Settings, exchange) -> None:
+    """What every websocket shares: the API key, accept, any failure answered once (_SocketRun.fail), the
     generation stopped at the end, one log line. `exchange(run)` does the route's own work."""
     started = time.perf_counter()
-    if not _authorized(websocket.headers, settings):
-        await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
-        return
-    await websocket.accept()
-    run, status = _SocketRun(), "done"
+    run = _SocketRun(websocket)
     try:
+        if not _authorized(websocket.headers, settings):
+            run.status = 401
+            await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
+            return
+        await websocket.accept()
         await exchange(run)
-    except WebSocketDisconnect:
-        status = "client disconnected"
-    except ApiError as e:
-        status = e.status
-        await _socket_error(websocket, e)
-    except VibeVoiceError as e:
-        status = 400
-        await _socket_error(websocket, ApiError(400, str(e)))
     except Exception as e:  # noqa: BLE001 - one bad stream never takes the server down
-        status = 500
-        log.exception(f"{what} failed")
-        await _socket_error(websocket, ApiError(500, f"{what} failed: {e}"))
+        await run.fail(e)
     finally:
         if run.pump is not None:
             run.pump.stop()
-        log_request("WS", route, run.model, status, time.perf_counter() - started, run.audio_seconds())
+        log_request(websocket.scope, run.model, run.status, time.perf_counter() - started, run.audio_seconds())
 
 
 async def _speech_socket(websocket: WebSocket, state: _State) -> None:
@@ -287,64 +405,54 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
     settings = state.settings
 
     async def exchange(run: _SocketRun) -> None:
-        first = await with_timeout(websocket.receive_json(), settings.body_timeout)
-        parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, text_required=False)
+        first = await receive_message(websocket, settings.body_timeout)
+        parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, settings.max_frames,
+                                           text_required=False)
         run.model = parsed.model.id
         if parsed.model.kind != "realtime":
             raise ApiError(400, f"model '{run.model}' is a {parsed.model.kind} model: text streams into realtime models "
                            "only", param="model")
         if len(parsed.voices) != 1:
             raise ApiError(400, "a streamed text takes one voice", param="voice")
-        try:
-            generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
-                                                         **parsed.options, **parsed.model.batched)
-            if parsed.text:
-                generation.feed(parsed.text)
-        except VibeVoiceError as e:
-            raise ApiError(400, str(e)) from None
+        generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
+                                                     **parsed.options, **parsed.model.batched)
+        if parsed.text:
+            generation.feed(parsed.text)
         run.audio_seconds = lambda: generation.audio_seconds
         run.pump = await state.run(speech_route.encode_job(generation, parsed.response_format, False, settings.stopping),
                                    on_stop=generation.close)
-        receiver = asyncio.create_task(_receive_text(websocket, generation, settings))
+        listener = run.listen(lambda: _receive_text(websocket, generation), generation.close)
         try:
             async for data in run.pump:
                 await websocket.send_bytes(data)
         finally:
-            receiver.cancel()
-        await websocket.send_json({"type": "audio.done", "usage": speech_route.usage(parsed.model, generation.text.text,
-                                                                                        generation.result.frames)})
-        await websocket.close()
+            listener.cancel()
+        if not run.closed:
+            await websocket.send_json({"type": "audio.done", "usage": speech_route.usage(
+                parsed.model, generation.text.text, generation.result.frames)})
+            await websocket.close()
 
-    await _socket(websocket, settings, "/v1/audio/speech/stream", "generation", exchange)
+    await _socket(websocket, settings, exchange)
 
 
-async def _receive_text(websocket: WebSocket, generation, settings: Settings) -> None:
-    """Feed the text messages to the generation; a bad one ends the stream with an error event."""
-    import json
-
+async def _receive_text(websocket: WebSocket, generation) -> None:
+    """Feed the text messages to the generation until `input_text.done`; then listen on, so that a client
+    that leaves stops it (and a message after the end is refused)."""
+    done = False
     while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            generation.close()
-            return
-        try:
-            event = json.loads(message.get("text") or "")
-        except json.JSONDecodeError:
-            event = None
-        kind = event.get("type") if isinstance(event, dict) else None
-        try:
-            if kind == "input_text.delta" and isinstance(event.get("delta"), str):
-                generation.feed(event["delta"])
-            elif kind == "input_text.done":
-                generation.finish()
-                return
-            else:
-                raise VibeVoiceError("messages must be JSON {\"type\": \"input_text.delta\", \"delta\": TEXT} or "
-                                     "{\"type\": \"input_text.done\"}")
-        except VibeVoiceError as e:
-            await _socket_error(websocket, ApiError(400, str(e)))
-            generation.close()
-            return
+        event = await receive_message(websocket, None)
+        kind = event.get("type")
+        if done:
+            raise ApiError(400, f"a '{kind}' message came after input_text.done: the text was over",
+                           code="invalid_message")
+        if kind == "input_text.delta" and isinstance(event.get("delta"), str):
+            generation.feed(event["delta"])
+        elif kind == "input_text.done":
+            generation.finish()
+            done = True
+        else:
+            raise ApiError(400, "messages must be JSON {\"type\": \"input_text.delta\", \"delta\": TEXT} or "
+                           "{\"type\": \"input_text.done\"}", code="invalid_message")
 
 
 async def _live_socket(websocket: WebSocket, state: _State) -> None:
@@ -357,16 +465,17 @@ async def _live_socket(websocket: WebSocket, state: _State) -> None:
     settings, pieces = state.settings, queue.Queue()
 
     async def exchange(run: _SocketRun) -> None:
-        parsed = asr_route.parse_live(await with_timeout(websocket.receive_json(), settings.body_timeout), state.models)
+        parsed = asr_route.parse_live(await receive_message(websocket, settings.body_timeout), state.models)
         run.model = parsed.model.id
-        run.pump = await state.run(asr_route.live_job(parsed, pieces), on_stop=lambda: pieces.put(asr_route.CLOSE))
-        receiver = asyncio.create_task(_receive_pcm(websocket, parsed, pieces, settings))
+        stop = lambda: pieces.put(asr_route.CLOSE)  # noqa: E731
+        run.pump = await state.run(asr_route.live_job(parsed, pieces), on_stop=stop)
+        listener = run.listen(lambda: _receive_pcm(websocket, parsed, pieces, settings), stop)
         try:
             async for chunk in run.pump:
                 await websocket.send_json(chunk.message())
         finally:
-            receiver.cancel()
-        if run.pump.result is not None:
+            listener.cancel()
+        if run.pump.result is not None and not run.closed:
             session = run.pump.result
             run.audio_seconds = lambda: session.seconds
             transcript = session.transcript()
@@ -374,38 +483,27 @@ async def _live_socket(websocket: WebSocket, state: _State) -> None:
                                        "segments": [asdict(s) for s in transcript.segments]})
             await websocket.close()
 
-    await _socket(websocket, settings, "/v1/stream", "transcription", exchange)
+    await _socket(websocket, settings, exchange)
 
 
 async def _receive_pcm(websocket: WebSocket, parsed, pieces, settings: Settings) -> None:
-    """The socket's PCM frames onto the session's queue until "end"; a bad message or a silent client (no
-    message for --body-timeout seconds) ends the session with an error."""
+    """The socket's PCM frames onto the session's queue until "end" (then listen on, as _receive_text does);
+    a client silent for --body-timeout seconds before its "end" is a 408."""
     limit = int(settings.max_upload_mb * 2**20)
-    try:
-        while True:
-            message = await with_timeout(websocket.receive(), settings.body_timeout)
-            if message["type"] == "websocket.disconnect":
-                break
-            data, text = message.get("bytes"), message.get("text")
-            if data is not None and len(data) <= limit:
-                pieces.put(parsed.samples(data))
-            elif text is not None and text.strip().strip('"') == "end":
-                pieces.put(asr_route.END)
-                return
-            else:
-                raise VibeVoiceError("send binary PCM frames (each at most the upload limit) and the text message "
-                                     "\"end\" when the audio is over")
-    except (ApiError, VibeVoiceError) as e:
-        await _socket_error(websocket, e if isinstance(e, ApiError) else ApiError(400, str(e)))
-    pieces.put(asr_route.CLOSE)
-
-
-async def _socket_error(websocket: WebSocket, error: ApiError) -> None:
-    try:
-        await websocket.send_json({"type": "error", **error.body()})
-        await websocket.close(code=1008 if error.status < 500 else 1011)
-    except (RuntimeError, WebSocketDisconnect):  # already closed
-        pass
+    ended = False
+    while True:
+        message = await receive_message(websocket, None if ended else settings.body_timeout, binary=True,
+                                        words=("end",))
+        if ended:
+            raise ApiError(400, "a message came after \"end\": the audio was over", code="invalid_message")
+        if message == "end":
+            pieces.put(asr_route.END)
+            ended = True
+        elif isinstance(message, bytes) and len(message) <= limit:
+            pieces.put(parsed.samples(message))
+        else:
+            raise ApiError(400, "send binary PCM frames (each at most the upload limit) and the text message \"end\" "
+                           "when the audio is over", code="invalid_message")
 
 
 # ---- uploads: transcriptions and voices ----
@@ -425,7 +523,20 @@ async def _form(request: Request, state: _State, max_files: int = 1):
     except MultiPartException as e:
         raise ApiError(400, f"the multipart form is malformed ({e.message})", code="invalid_form") from None
     except ClientDisconnect:
-        raise ApiError(400, "the upload ended before it was complete", code="incomplete_body") from None
+        raise ClientGone() from None
+
+
+@contextlib.contextmanager
+def _writing(action: str):
+    """The server's own temporary writes: a failure one sentence (StorageFull where there was no room),
+    whichever writer it came from."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - writers in C and Rust raise types of their own
+        cause = writer_os_error(e)
+        if cause is None:
+            raise
+        raise file_error(cause, action) from None
 
 
 async def _spooled(form, name: str, state: _State):
@@ -435,10 +546,11 @@ async def _spooled(form, name: str, state: _State):
         raise ApiError(400, f"'{name}' is required: the audio file, as a multipart file field", param=name,
                        code="missing_field")
     suffix = Path(upload.filename or "").suffix[:16]
-    handle, path = tempfile.mkstemp(prefix="vibevoice-upload-", suffix=suffix)
+    with _writing("spooling the upload"):
+        handle, path = tempfile.mkstemp(prefix="vibevoice-upload-", suffix=suffix)
 
     def decode():
-        with os.fdopen(handle, "wb") as out:
+        with _writing("spooling the upload"), os.fdopen(handle, "wb") as out:
             upload.file.seek(0)
             shutil.copyfileobj(upload.file, out)
         return asr_route.load_upload(path)
@@ -462,8 +574,9 @@ async def _transcription(request: Request, state: _State):
     pump = await state.run(asr_route.transcribe_job(parsed, samples, rate, parsed.stream))
     if parsed.stream:
         request.state.streamed = True
-        return StreamingResponse(_transcript_events(pump, parsed, started, len(samples) / rate),
-                                 media_type="text/event-stream")
+        seconds = len(samples) / rate
+        return _Stream(_streamed(request.scope, _transcript_events(pump, parsed), pump, parsed.model.id, started, True,
+                                 lambda: seconds), media_type="text/event-stream")
     async for _ in pump:  # heartbeats while it decodes: stop if the client has gone
         if await request.is_disconnected():
             pump.stop()
@@ -474,29 +587,15 @@ async def _transcription(request: Request, state: _State):
     return JSONResponse(body)
 
 
-async def _transcript_events(pump: Pump, parsed, started: float, seconds: float):
-    status, note = 200, ""
-    try:
-        async for delta, segments in pump:
-            for index, segment in segments:
-                yield sse_event("transcript.text.segment", id=index, start=segment.start, end=segment.end,
-                                    text=segment.text, speaker=segment.speaker)
-            if delta:
-                yield sse_event("transcript.text.delta", delta=delta)
-        body = asr_route.respond(pump.result, parsed, "json")
-        yield sse_event("transcript.text.done", **body)
-        yield b"data: [DONE]\n\n"
-    except asyncio.CancelledError:
-        status, note = 499, "client disconnected"
-        raise
-    except Exception as e:  # noqa: BLE001
-        status, note = 500, f"transcription failed: {e}"
-        log.exception("transcription failed")
-        yield sse_event("error", **ApiError(500, str(e)).body())
-    finally:
-        pump.stop()
-        log_request("POST", "/v1/audio/transcriptions", parsed.model.id, status, time.perf_counter() - started,
-                    seconds, note)
+async def _transcript_events(pump: Pump, parsed):
+    async for delta, segments in pump:
+        for index, segment in segments:
+            yield sse_event("transcript.text.segment", id=index, start=segment.start, end=segment.end,
+                            text=segment.text, speaker=segment.speaker)
+        if delta:
+            yield sse_event("transcript.text.delta", delta=delta)
+    yield sse_event("transcript.text.done", **asr_route.respond(pump.result, parsed, "json"))
+    yield b"data: [DONE]\n\n"
 
 
 async def _add_voice(request: Request, state: _State):
@@ -531,11 +630,14 @@ async def _add_voice(request: Request, state: _State):
 
         with tempfile.TemporaryDirectory(prefix="vibevoice-voice-") as folder:
             sample = Path(folder) / "audio_sample.wav"
-            sf.write(str(sample), samples, rate, subtype="FLOAT")
+            with _writing("writing the voice sample"):
+                sf.write(str(sample), samples, rate, subtype="FLOAT")
             return import_voice(model.bundle.path, sample, name.strip())
 
     try:
         voice, summary = await asyncio.get_running_loop().run_in_executor(None, store)
+    except StorageFull:
+        raise  # a 507, not the client's fault
     except VibeVoiceError as e:
         raise ApiError(400, str(e), param="audio_sample") from None
     request.state.model, request.state.audio_seconds = model.id, summary["seconds"]

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any, AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.websockets import WebSocketDisconnect
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-               429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+               429: "rate_limit_error", 500: "server_error", 503: "server_error", 507: "server_error"}
+MAX_JSON_DEPTH = 32  # our bodies nest 3 levels; json.loads recurses once a level and fails near 1000
 
 
 class ApiError(Exception):
@@ -59,16 +63,86 @@ class Admission:
         self.free.release()
 
 
+class ClientGone(Exception):
+    """The client went away before its request was whole: nobody is left to answer."""
+
+
 async def read_body(request, limit: int, timeout: float) -> bytes:
     """The whole body, refused with a 413 past `limit` bytes and a 408 if it has not arrived in `timeout` s."""
-    return await with_timeout(_collect(bounded(request.stream(), limit)), timeout)
+    try:
+        return await with_timeout(_collect(bounded(request.stream(), limit)), timeout)
+    except ClientDisconnect:
+        raise ClientGone() from None
 
 
-async def with_timeout(awaitable, timeout: float):
+async def read_json(request, limit: int, timeout: float):
+    """The body as JSON, bounded in size, time and depth before it is parsed (see parse_json)."""
+    return parse_json(await read_body(request, limit, timeout), "the body")
+
+
+def parse_json(raw: bytes | str, what: str):
+    """JSON from a client: its nesting measured before json.loads recurses into it, and every way it can be
+    malformed (bad UTF-8, bad syntax, an integer of more digits than Python converts) one 400."""
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise ApiError(400, f"{what} nests JSON more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
+        value = json.loads(text)
+        if "\\u" in text:  # an escaped lone surrogate ("\ud800") is valid JSON and no text anything can encode
+            json.dumps(value, ensure_ascii=False).encode()
+        return value
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{what} holds an unpaired surrogate escape (such as \\ud800), which is not text",
+                       code="invalid_json") from None
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError among them
+        raise ApiError(400, f"{what} is not valid JSON ({e})", code="invalid_json") from None
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of `text` nest (brackets inside strings do not count), stopping
+    as soon as it passes MAX_JSON_DEPTH."""
+    depth = deepest = 0
+    for bracket in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_JSON_DEPTH:
+                break
+    return deepest
+
+
+async def with_timeout(awaitable, timeout: float | None, what: str = "the request body"):
+    if timeout is None:
+        return await awaitable
     try:
         return await asyncio.wait_for(awaitable, timeout)
     except asyncio.TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {timeout:g} s") from None
+        raise ApiError(408, f"{what} did not arrive within {timeout:g} s") from None
+
+
+async def receive_message(websocket, timeout: float | None, binary: bool = False, words: tuple[str, ...] = ()):
+    """A websocket's next message, through the one door every socket uses: a JSON object (bounded as a body
+    is), the raw bytes of a binary message where `binary` allows them, or one of `words` sent as plain text.
+    Anything else (a binary message where JSON is due, bad JSON, not an object) is an ApiError, which the
+    socket answers with an error event and a close; the client leaving is WebSocketDisconnect."""
+    message = await with_timeout(websocket.receive(), timeout, "a message")
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    text, data = message.get("text"), message.get("bytes")
+    if text is None:
+        if binary and data is not None:
+            return data
+        raise ApiError(400, "this socket takes JSON text messages, and a binary message came", code="invalid_message")
+    if text.strip().strip('"') in words:
+        return text.strip().strip('"')
+    value = parse_json(text, "the message")
+    if not isinstance(value, dict):
+        raise ApiError(400, f"a message must be a JSON object, not {type(value).__name__}", code="invalid_message")
+    return value
 
 
 async def bounded(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:

@@ -114,6 +114,11 @@ class Models:
             models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {}), batch))
         return cls(models)
 
+    def names(self, task: str) -> list[str]:
+        """Every name a request may give for `task`: the served ids, then OpenAI's names when one is served."""
+        ids = [m.id for m in self.by_id.values() if m.task == task]
+        return ids + [k for k, v in OPENAI_MODELS.items() if v == task] * bool(ids)
+
     def get(self, name: str, task: str) -> ServedModel:
         model = self.by_id.get(name)
         if model is None and OPENAI_MODELS.get(name) == task:

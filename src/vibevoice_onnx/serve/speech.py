@@ -37,8 +37,10 @@ class SpeechRequest:
         return "text/event-stream" if self.stream_format == "sse" else FORMATS[self.response_format]
 
 
-def parse_speech(body, models: Models, max_chars: int, text_required: bool = True) -> SpeechRequest:
-    """Every field of a speech request checked, as OpenAI's contract has them, plus OPTIONS."""
+def parse_speech(body, models: Models, max_chars: int, max_frames: int | None = None,
+                 text_required: bool = True) -> SpeechRequest:
+    """Every field of a speech request checked, as OpenAI's contract has them, plus OPTIONS; `max_frames`
+    (the server's --max-frames) caps what a request may ask for and applies when it asks for nothing."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     model = served_model(models, take(body, "model", str, required=True), "tts")
@@ -60,6 +62,8 @@ def parse_speech(body, models: Models, max_chars: int, text_required: bool = Tru
         {name: value for name in OPTIONS if (value := option(body, name)) is not None},
         option(body, "turn_gap", 0.0),
     )
+    if max_frames is not None:
+        request.options["max_frames"] = min(request.options.get("max_frames", max_frames), max_frames)
     return request
 
 
