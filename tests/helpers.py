@@ -62,6 +62,19 @@ print("torch-free ok")
 KEY = "test-key"
 
 
+def fuzz_examples(default: int) -> int:
+    """Examples a fuzzing test runs: its CI budget, times VIBEVOICE_FUZZ_SCALE (benchmarks/fuzz.py's long run)."""
+    import os
+
+    return default * int(os.environ.get("VIBEVOICE_FUZZ_SCALE", "1"))
+
+
+def fuzz_seed() -> int:
+    import os
+
+    return int(os.environ.get("VIBEVOICE_FUZZ_SEED", "1"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from helpers import KEY, Server
+from helpers import KEY, Server, fuzz_examples, fuzz_seed
 from test_asr_streaming import speech_samples
 
 VARIANTS = ("1.5b", "7b")
@@ -292,3 +292,50 @@ def test_live_websocket_errors_are_messages(server):
         ws.send(json.dumps({"chunk_seconds": 2}))
         error = json.loads(ws.recv(timeout=30))
     assert "unknown setting(s) chunk_seconds" in error["error"]["message"]
+
+
+def test_random_message_sequences_on_the_live_socket_end_cleanly(server):
+    """Hypothesis drives upstream's /v1/stream with random sequences of settings, PCM frames (odd lengths
+    among them), "end", text, JSON, truncated JSON and oversized messages, in any order: every answer is a
+    chunk, the final message or an error event in OpenAI's shape, and every close a clean one (the log's
+    freedom from tracebacks is checked when the server stops)."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    settings_message = json.dumps({"model": "vibevoice-asr-streaming-cpu-fp32", "max_tokens": 2, "mean_latents": True})
+    messages = st.one_of(
+        st.just(settings_message),
+        st.builds(lambda cut: settings_message[:cut], st.integers(1, 30)),
+        st.builds(lambda n: (np.sin(np.arange(n) / 9) * 0.3).astype("<f4").tobytes(), st.integers(1, 24000)),
+        st.binary(max_size=33),
+        st.sampled_from(["end", '"end"', "{}", "[]", "null", '{"format": "s16le"}']),
+        st.text(max_size=20),
+        st.just(b"\0" * ((1 << 20) + 4)),  # over the server's 1 MiB message limit
+    )
+
+    @hypothesis.settings(max_examples=fuzz_examples(20), deadline=None, derandomize=fuzz_seed() == 1,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(st.lists(messages, min_size=1, max_size=6))
+    def drive(sequence):
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with connect(f"ws://127.0.0.1:{server.port}/v1/stream", additional_headers=headers, max_size=None) as ws:
+            try:
+                for message in sequence:
+                    ws.send(message)
+                while True:
+                    answer = json.loads(ws.recv(timeout=5))
+                    if answer.get("type") == "error":
+                        assert answer["error"]["type"] == "invalid_request_error", answer
+                        assert set(answer["error"]) == {"message", "type", "param", "code"}
+                    else:
+                        assert "chunk" in answer or answer.get("done"), answer
+            except ConnectionClosed as closed:
+                code = closed.rcvd.code if closed.rcvd else None
+                oversized = any(len(m) > 1 << 20 for m in sequence)  # refused mid-send: the close may be lost
+                assert code in (1000, 1008, 1009) or code is None and oversized, (code, closed)
+            except TimeoutError:
+                pass  # waiting for more audio, as it should: the client leaves
+
+    drive()

@@ -367,7 +367,7 @@ def cmd_serve(args) -> int:
                 raise VibeVoiceError("--address, --replicas and --autoscale go with --ray")
             print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
             run(bundles, settings, host=args.host, port=args.port, threads=args.threads, force=args.force,
-                aliases=aliases)
+                aliases=aliases, log_level=args.log_level)
     except Terminated:  # uvicorn re-raises the SIGTERM it handled once it has shut down: a clean stop
         print("stopped", file=sys.stderr)
     return 0
@@ -553,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is the initial noise of latent i "
                    "(1.5B: --seed may still seed the voice prompt's noise)")
     p.add_argument("--save-latents", metavar="LATENTS.npy", help="save the generated latents [frames, 64]")
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
+                   "request; debug: also the traceback of any failure, which info logs as one line with the request's id")
     p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="stop after N frames (7.5 frames per second)")
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
@@ -663,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "with Retry-After (default 16)")
     p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
+                   "request; debug: also the traceback of any failure, which info logs as one line with the request's id")
     p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="the most latent frames a speech "
                    "request may generate, 7.5 a second of audio (default: as many as the model's context holds)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS", help="time for a request body "

@@ -14,12 +14,14 @@ __all__ = ["API_KEY_ENV", "Models", "Settings", "create_app", "run"]
 
 
 def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
-        force: bool = False, aliases: dict[str, str] | None = None, shutdown_seconds: float = 10.0) -> None:
+        force: bool = False, aliases: dict[str, str] | None = None, shutdown_seconds: float = 10.0,
+        log_level: str = "info") -> None:
     """Open every bundle once, then serve until SIGTERM or Ctrl-C: new connections are refused at once, running
     streams end at their next frame with their encoders flushed, and the process exits."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("vibevoice_onnx").setLevel(log_level.upper())  # debug: tracebacks of failures too
     models = Models.open(bundles, threads=threads, force=force, aliases=aliases, max_batch=settings.max_batch)
     for model in models.by_id.values():
         logging.getLogger("vibevoice_onnx.serve").info("model %s: %s %s, %d voices, from %s", model.id, model.kind,
