@@ -105,17 +105,20 @@ class StepError:
 
     latent: list[float]  # ||sampled - reference|| / ||reference||
     decision: list[float]  # ||Δ|| of the values decided on (an EOS logit, the four choice logits)
+    scale: list[float] = ()  # |log RMS ratio| of each sampled latent: the part of `latent` that is its scale
 
     @classmethod
     def measure(cls, forced, reference, decisions: Decisions) -> "StepError":
         latent = [relative(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
         decision = [float(np.linalg.norm(np.subtract(ours, theirs)))
                     for ours, theirs in zip(decisions.values(forced), decisions.values(reference))]
-        return cls(latent, decision)
+        scale = [log_rms_ratio(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
+        return cls(latent, decision, scale)
 
     def describe(self) -> dict:
         return {"latent_relative": [float(f"{x:.3g}") for x in self.latent],
-                "decision_abs": [float(f"{x:.3g}") for x in self.decision]}
+                "decision_abs": [float(f"{x:.3g}") for x in self.decision],
+                "latent_scale": [float(f"{x:.3g}") for x in self.scale]}
 
 
 def _direction(rng: np.random.Generator, shape) -> np.ndarray:
@@ -131,8 +134,14 @@ class Perturbation(Steering):
         self.error, self.rng = error, np.random.default_rng(seed)
 
     def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
-        size = _at(self.error.latent, len(result.latents)) * float(np.linalg.norm(own))
-        return (own + size * _direction(self.rng, own.shape)).astype(np.float32)
+        """`own` off by the bundle's one-step error: its scale by the measured scale error (a random sign: a
+        random direction alone would barely move a vector's norm, where quantization moves it at first order),
+        the rest of the error's size in a random direction."""
+        frame = len(result.latents)
+        error, scale = _at(self.error.latent, frame), _at(list(self.error.scale), frame)
+        rescaled = np.exp(scale * _direction(self.rng, ())) - 1.0
+        size = np.sqrt(max(error**2 - rescaled**2, 0.0)) * float(np.linalg.norm(own))
+        return (own * (1.0 + rescaled) + size * _direction(self.rng, own.shape)).astype(np.float32)
 
     def eos_logit(self, logit: float, frame: int) -> float:
         return float(logit + _at(self.error.decision, frame) * _direction(self.rng, ()))
@@ -161,7 +170,11 @@ def _latent_curves(run, reference, frames: int | None = None) -> tuple[list[floa
     ratio."""
     pairs = list(zip(run.latents, reference.latents))[:frames]
     return ([relative(ours, theirs) for ours, theirs in pairs],
-            [abs(float(np.log(max(rms(ours), 1e-30) / max(rms(theirs), 1e-30)))) for ours, theirs in pairs])
+            [log_rms_ratio(ours, theirs) for ours, theirs in pairs])
+
+
+def log_rms_ratio(a: np.ndarray, b: np.ndarray) -> float:
+    return abs(float(np.log(max(rms(a), 1e-30) / max(rms(b), 1e-30))))
 
 
 def _audio_divergence(run, reference, frames: int) -> float:
