@@ -35,7 +35,8 @@ SEEDS = (101, 102, 103, 104)  # one perturbed reference run each; fixed, so a ve
 MARGIN = 3.0  # how much worse than the worst same-sized random perturbation a bundle's loop may do
 FLOOR = 1e-6  # relative differences below this are float rounding, whatever the spread
 SATURATED = 0.5  # a relative divergence past this is another generation: the amplification is fitted below it
-RULE = (f"the bundle's one-step error (teacher-forced) injected as random perturbations of the same size into "
+RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations of the same size (each latent's "
+        f"scale error as measured, the rest in a random direction) into "
         f"{len(SEEDS)} runs of the fp32 reference; the bundle's free run may diverge at most {MARGIN:g}x as far as "
         f"the farthest of them had by each frame, and must keep every decision they all keep {MARGIN:g}x clear")
 
@@ -105,14 +106,14 @@ class StepError:
 
     latent: list[float]  # ||sampled - reference|| / ||reference||
     decision: list[float]  # ||Δ|| of the values decided on (an EOS logit, the four choice logits)
-    scale: list[float] = ()  # |log RMS ratio| of each sampled latent: the part of `latent` that is its scale
+    scale: list[float] = ()  # log RMS ratio of each sampled latent (signed): the part of `latent` that is its scale
 
     @classmethod
     def measure(cls, forced, reference, decisions: Decisions) -> "StepError":
         latent = [relative(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
         decision = [float(np.linalg.norm(np.subtract(ours, theirs)))
                     for ours, theirs in zip(decisions.values(forced), decisions.values(reference))]
-        scale = [log_rms_ratio(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
+        scale = [signed_log_rms_ratio(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
         return cls(latent, decision, scale)
 
     def describe(self) -> dict:
@@ -134,12 +135,12 @@ class Perturbation(Steering):
         self.error, self.rng = error, np.random.default_rng(seed)
 
     def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
-        """`own` off by the bundle's one-step error: its scale by the measured scale error (a random sign: a
-        random direction alone would barely move a vector's norm, where quantization moves it at first order),
-        the rest of the error's size in a random direction."""
+        """`own` off by the bundle's one-step error: its scale by the scale error measured at this frame, sign
+        and all (a random direction alone would barely move a vector's norm, where quantization moves it at first
+        order, and the same way frame after frame), the rest of the error's size in a random direction."""
         frame = len(result.latents)
         error, scale = _at(self.error.latent, frame), _at(list(self.error.scale), frame)
-        rescaled = np.exp(scale * _direction(self.rng, ())) - 1.0
+        rescaled = float(np.exp(scale)) - 1.0
         size = np.sqrt(max(error**2 - rescaled**2, 0.0)) * float(np.linalg.norm(own))
         return (own * (1.0 + rescaled) + size * _direction(self.rng, own.shape)).astype(np.float32)
 
@@ -174,7 +175,11 @@ def _latent_curves(run, reference, frames: int | None = None) -> tuple[list[floa
 
 
 def log_rms_ratio(a: np.ndarray, b: np.ndarray) -> float:
-    return abs(float(np.log(max(rms(a), 1e-30) / max(rms(b), 1e-30))))
+    return abs(signed_log_rms_ratio(a, b))
+
+
+def signed_log_rms_ratio(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.log(max(rms(a), 1e-30) / max(rms(b), 1e-30)))
 
 
 def _audio_divergence(run, reference, frames: int) -> float:
