@@ -7,8 +7,10 @@ limit on the free-running divergence therefore judges the checkpoint's luck as m
 1. the teacher-forced run (the bundle along the reference's trajectory, verify.common.forced_gates) gives the
    bundle's one-step error at every frame: each sampled latent's relative error, and the error of what each
    frame or step decides on (the EOS logit, the four choice logits);
-2. the fp32 reference runs the loop again once per seed with a random perturbation of exactly that size
-   added where the error arises (the fed-back latent, the logits decided on), each seed its own directions;
+2. the fp32 reference runs the loop again once per seed with a perturbation of exactly that size added where
+   the error arises (the fed-back latent: its measured scale error, the rest in a random direction; the logits
+   decided on, in a random direction), each seed its own directions. Not perturbed yet: the 1.5B's and Large's
+   second feedback path, decoded audio through the semantic encoder;
 3. the bundle's free run is judged against the spread of those runs: at every frame its divergence from the
    reference may be at most MARGIN times the largest any perturbed run reached by then, its latents' scale
    likewise; and it must decide as the reference does wherever every perturbed run kept the reference's
