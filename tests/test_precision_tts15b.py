@@ -148,10 +148,10 @@ def test_int8_of_the_checkpoint_microsoft_saved_passes_and_the_decoder_scheme_it
     With the decoder blockwise (the policy now) every gate passes; the same bundle with only the decoder put
     back to dynamic int8 fails the teacher-forced conditions again, and nothing but teacher-forced gates.
 
-    The free-running verdict is not asserted: on AMD EPYC (AVX-512) kernels this bundle flips one of the LM's
-    picks (forced segments, step 8: margin 1.34 -> -0.25) that four perturbed reference runs keep (1.10-1.36),
-    because the calibration perturbs the fed-back latent and the decided logits but not the 1.5B's other
-    feedback path (decoded audio through the semantic encoder); on CI's last CPU it passed."""
+    The free-running verdict is not asserted: with an Intel Xeon's int8 kernels (AVX-512 VNNI, AMX) this bundle
+    flips one of the LM's picks (forced segments, step 8: margin 1.34 -> -0.25) that four perturbed reference runs
+    keep (1.10-1.36), as the calibration perturbs the fed-back latent and the decided logits but not the 1.5B's
+    other feedback path (decoded audio through the semantic encoder); on an AMD EPYC (no AMX) it passed."""
     main(["verify", str(upstream_variants / "cpu_int8"), "--json"])
     record = json.loads(capsys.readouterr().out)
     forced = record["closed_loop"]["curves"]["closed loop, forced segments, teacher-forced"]
