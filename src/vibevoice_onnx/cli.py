@@ -140,7 +140,7 @@ def cmd_speak(args) -> int:
 def cmd_decode(args) -> int:
     import soundfile as sf
 
-    from .outputs import atomic_file, check_output_file, writer_os_error
+    from .outputs import atomic_file, check_output_file, os_error_or
     from .runtime.speech import open_tts
     from .sampling import read_npy
 
@@ -151,9 +151,7 @@ def cmd_decode(args) -> int:
         try:
             sf.write(partial, audio, rate, subtype="PCM_16" if args.wav_format == "pcm16" else "FLOAT", format="WAV")
         except sf.LibsndfileError as e:
-            if writer_os_error(e) is not None:
-                raise writer_os_error(e) from None  # atomic_file names the output and the reason (a full disk)
-            raise VibeVoiceError(f"{args.output}: cannot write the WAV file ({e})") from None
+            raise os_error_or(e, f"{args.output}: cannot write the WAV file ({e})") from None
     print(f"decoded {len(latents)} frames ({len(audio) / rate:.2f} s) into {args.output}", file=sys.stderr)
     return 0
 
@@ -553,8 +551,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", metavar="NOISE.npy", help="float32 [frames, 64]: row i is the initial noise of latent i "
                    "(1.5B: --seed may still seed the voice prompt's noise)")
     p.add_argument("--save-latents", metavar="LATENTS.npy", help="save the generated latents [frames, 64]")
-    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
-                   "request; debug: also the traceback of any failure, which info logs as one line with the request's id")
     p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="stop after N frames (7.5 frames per second)")
     p.add_argument("--raw", action="store_true", help="write raw PCM (pcm16 or float32, little endian) to stdout")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
@@ -792,9 +788,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a failed write (a full disk) in a writer's own type; others go on
         from .outputs import os_error_message, writer_os_error
 
-        if writer_os_error(e) is None:
+        cause = writer_os_error(e)
+        if cause is None:
             raise
-        print(f"error: {os_error_message(writer_os_error(e))}", file=sys.stderr)
+        print(f"error: {os_error_message(cause)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         sys.unraisablehook = previous_hook

@@ -52,6 +52,12 @@ def writer_os_error(error: BaseException) -> OSError | None:
     return OSError(number, os.strerror(number)) if number else None
 
 
+def os_error_or(error: BaseException, message: str) -> Exception:
+    """What to raise for a writer's failure: the OSError behind it, which atomic_file and atomic_directory word
+    with the output's name (StorageFull where there was no room), else VibeVoiceError(message)."""
+    return writer_os_error(error) or VibeVoiceError(message)
+
+
 def storage_full(error: BaseException) -> bool:
     """Whether `error` says the file system had no room (StorageFull, or an OSError behind it with ENOSPC,
     EDQUOT or EFBIG)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..audio import to_pcm16
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file, check_output_file, writer_os_error
+from ..outputs import atomic_file, check_output_file, os_error_or
 from ..sampling import NoiseSource
 from .speech import Speech, open_tts
 
@@ -81,10 +81,7 @@ class _AudioSink:
         try:
             yield
         except sf.LibsndfileError as e:  # libsndfile reports a full disk or a size limit as "System error"
-            cause = writer_os_error(e)
-            if cause is not None:
-                raise cause from None  # atomic_file makes it one sentence naming the output (StorageFull if no room)
-            raise VibeVoiceError(f"{self.options.output}: writing the WAV file failed ({e}; is the disk full?)") from None
+            raise os_error_or(e, f"{self.options.output}: writing the WAV file failed ({e}; is the disk full?)") from None
 
     def _close(self) -> None:
         with self._wav_errors():

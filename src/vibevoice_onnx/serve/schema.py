@@ -94,7 +94,9 @@ def speech(settings, names: list[str], voices: list[str]) -> dict:
         "response_format": {"enum": list(FORMATS)}, "stream_format": {"enum": ["audio", "sse"]},
         "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0}, "instructions": {"type": "string"},
         "seed": _option("seed"), "cfg_scale": _option("cfg_scale"), "steps": _option("steps"),
-        "max_frames": _option("max_frames", description="at most the server's --max-frames, which applies when it is left out"), "turn_gap": _option("turn_gap"),
+        "max_frames": _option("max_frames", description="at most the server's --max-frames, which applies when it "
+                              "is left out"),
+        "turn_gap": _option("turn_gap"),
     }
     return {"openapi_extra": _body("application/json", properties, ["model", "input"]),
             "responses": {200: {"description": "the audio, streamed as it is decoded (or SSE events)",
