@@ -84,6 +84,10 @@ class Steering:
         """The latent decoded and fed back in place of the one the backend sampled."""
         return own
 
+    def features(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
+        """The semantic features of the latest latent's audio fed back in place of the backend's (1.5B, Large)."""
+        return own
+
     def eos_logit(self, logit: float, frame: int) -> float:
         return logit
 

@@ -96,6 +96,8 @@ class LongFormResult(SpeechResult):
     tokens: list[int] = field(default_factory=list)  # what the loop fed on, one per step
     greedy: list[int] = field(default_factory=list)  # the model's own greedy pick per step (== tokens unless forced)
     logits: list[np.ndarray] = field(default_factory=list)  # the four choices' logits per step, in id order
+    # The semantic features fed back after each latent, [128] each, when a list is given (verify).
+    features: list[np.ndarray] | None = None
 
 
 def voice_embeddings(backend: Tts15bBackend, voices: list[np.ndarray], rng: np.random.Generator | None) -> list[np.ndarray]:
@@ -212,6 +214,10 @@ def long_form_frames(
         if result.reached(max_frames):
             return
         features, semantic_state = backend.encode_semantic(chunk, semantic_state)
+        if steering is not None:
+            features = steering.features(features, result)
+        if result.features is not None:
+            result.features.append(np.asarray(features, np.float32).reshape(-1))
         last_input = backend.connect_acoustic(z[None, None]) + backend.connect_semantic(features)
     result.stop_reason = "max_steps"
 

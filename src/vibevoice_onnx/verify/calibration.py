@@ -8,9 +8,9 @@ limit on the free-running divergence therefore judges the checkpoint's luck as m
    bundle's one-step error at every frame: each sampled latent's relative error, and the error of what each
    frame or step decides on (the EOS logit, the four choice logits);
 2. the fp32 reference runs the loop again once per seed with a perturbation of exactly that size added where
-   the error arises (the fed-back latent: its measured scale error, the rest in a random direction; the logits
-   decided on, in a random direction), each seed its own directions. Not perturbed yet: the 1.5B's and Large's
-   second feedback path, decoded audio through the semantic encoder;
+   the error arises (the fed-back latent: its measured scale error, the rest in a random direction; the 1.5B's
+   and Large's second feedback path, the semantic features of the decoded audio, likewise; the logits decided
+   on, in a random direction), each seed its own directions;
 3. the bundle's free run is judged against the spread of those runs: at every frame its divergence from the
    reference may be at most MARGIN times the largest any perturbed run reached by then, its latents' scale
    likewise; and it must decide as the reference does wherever every perturbed run kept the reference's
@@ -37,8 +37,8 @@ SEEDS = (101, 102, 103, 104)  # one perturbed reference run each; fixed, so a ve
 MARGIN = 3.0  # how much worse than the worst same-sized random perturbation a bundle's loop may do
 FLOOR = 1e-6  # relative differences below this are float rounding, whatever the spread
 SATURATED = 0.5  # a relative divergence past this is another generation: the amplification is fitted below it
-RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations of the same size (each latent's "
-        f"scale error as measured, the rest in a random direction) into "
+RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations of the same size (each fed-back "
+        f"latent's and semantic feature's scale error as measured, the rest in a random direction) into "
         f"{len(SEEDS)} runs of the fp32 reference; the bundle's free run may diverge at most {MARGIN:g}x as far as "
         f"the farthest of them had by each frame, and must keep every decision they all keep {MARGIN:g}x clear")
 
@@ -104,24 +104,35 @@ def picks(latent_token: int) -> Decisions:
 
 @dataclass(frozen=True)
 class StepError:
-    """A bundle's one-step error at every frame (latents) and index (decisions), as teacher forcing measures it."""
+    """A bundle's one-step error at every frame (latents, and the 1.5B's fed-back semantic features) and index
+    (decisions), as teacher forcing measures it."""
 
     latent: list[float]  # ||sampled - reference|| / ||reference||
     decision: list[float]  # ||Δ|| of the values decided on (an EOS logit, the four choice logits)
     scale: list[float] = ()  # log RMS ratio of each sampled latent (signed): the part of `latent` that is its scale
+    feature: list[float] = ()  # the same two measures of the semantic features fed back (1.5B, Large)
+    feature_scale: list[float] = ()
 
     @classmethod
     def measure(cls, forced, reference, decisions: Decisions) -> "StepError":
-        latent = [relative(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
+        latent, scale = _errors(forced.sampled, reference.latents)
         decision = [float(np.linalg.norm(np.subtract(ours, theirs)))
                     for ours, theirs in zip(decisions.values(forced), decisions.values(reference))]
-        scale = [signed_log_rms_ratio(ours, theirs) for ours, theirs in zip(forced.sampled, reference.latents)]
-        return cls(latent, decision, scale)
+        feature, feature_scale = _errors(getattr(forced, "features", None) or [],
+                                         getattr(reference, "features", None) or [])
+        return cls(latent, decision, scale, feature, feature_scale)
 
     def describe(self) -> dict:
-        return {"latent_relative": [float(f"{x:.3g}") for x in self.latent],
-                "decision_abs": [float(f"{x:.3g}") for x in self.decision],
-                "latent_scale": [float(f"{x:.3g}") for x in self.scale]}
+        described = {"latent_relative": self.latent, "decision_abs": self.decision, "latent_scale": self.scale}
+        if self.feature:
+            described |= {"feature_relative": self.feature, "feature_scale": self.feature_scale}
+        return {key: [float(f"{x:.3g}") for x in values] for key, values in described.items()}
+
+
+def _errors(ours: list[np.ndarray], theirs: list[np.ndarray]) -> tuple[list[float], list[float]]:
+    """Per pair: the relative error, and its signed log RMS ratio (the part of it that is scale)."""
+    pairs = list(zip(ours, theirs))
+    return [relative(a, b) for a, b in pairs], [signed_log_rms_ratio(a, b) for a, b in pairs]
 
 
 def _direction(rng: np.random.Generator, shape) -> np.ndarray:
@@ -136,15 +147,22 @@ class Perturbation(Steering):
     def __init__(self, error: StepError, seed: int):
         self.error, self.rng = error, np.random.default_rng(seed)
 
-    def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
-        """`own` off by the bundle's one-step error: its scale by the scale error measured at this frame, sign
-        and all (a random direction alone would barely move a vector's norm, where quantization moves it at first
-        order, and the same way frame after frame), the rest of the error's size in a random direction."""
-        frame = len(result.latents)
-        error, scale = _at(self.error.latent, frame), _at(list(self.error.scale), frame)
-        rescaled = float(np.exp(scale)) - 1.0
+    def _off(self, own: np.ndarray, error: list[float], scale: list[float], frame: int) -> np.ndarray:
+        """`own` off by the one-step error measured at `frame`: its scale by the scale error, sign and all (a
+        random direction alone would barely move a vector's norm, where quantization moves it at first order, and
+        the same way frame after frame), the rest of the error's size in a random direction."""
+        error, rescaled = _at(error, frame), float(np.exp(_at(list(scale), frame))) - 1.0
         size = np.sqrt(max(error**2 - rescaled**2, 0.0)) * float(np.linalg.norm(own))
         return (own * (1.0 + rescaled) + size * _direction(self.rng, own.shape)).astype(np.float32)
+
+    def latent(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
+        return self._off(own, self.error.latent, self.error.scale, len(result.latents))
+
+    def features(self, own: np.ndarray, result: SpeechResult) -> np.ndarray:
+        """The features of the latest latent's audio (decoded, then semantically encoded) off by that path's error."""
+        if not self.error.feature:
+            return own
+        return self._off(np.asarray(own, np.float32), self.error.feature, self.error.feature_scale, result.frames - 1)
 
     def eos_logit(self, logit: float, frame: int) -> float:
         return float(logit + _at(self.error.decision, frame) * _direction(self.rng, ()))

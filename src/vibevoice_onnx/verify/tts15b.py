@@ -174,8 +174,8 @@ def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15b
             return generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps,
                             result=LongFormResult() if result is None else result, steering=steering)
 
-        theirs = reference_run(result=LongFormResult(conditions=[]))
-        ours, forced = LongFormResult(), LongFormResult(conditions=[])
+        theirs = reference_run(result=LongFormResult(conditions=[], features=[]))
+        ours, forced = LongFormResult(), LongFormResult(conditions=[], features=[])
         for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, ours, choose, max_steps):
             pass
         for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, forced,
