@@ -198,3 +198,27 @@ def test_the_calibration_is_reproducible_and_a_loop_that_leaves_at_once_fails_it
     gates, info = calibrated_gates("closed loop", diverged, runs["reference"], runs["perturbed"], runs["error"], EOS, "")
     latent = next(g for g in gates if "latent divergence" in g.name)
     assert not latent.passed and info["verdict"].startswith("fails") and info["worst_ratio"] > 3
+
+
+@pytest.mark.parametrize("path", ["latent", "features"])
+def test_a_perturbation_carries_the_measured_error_sign_and_all(path):
+    """What a perturbed reference run feeds back is off by exactly the bundle's one-step error at that frame:
+    its relative size and its signed scale part (the latent, and the 1.5B's semantic features of the decoded
+    audio); features are left alone where none were measured (realtime)."""
+    from vibevoice_onnx.verify.calibration import Perturbation, StepError, relative, signed_log_rms_ratio
+
+    error, scale = [0.01, 0.05, 0.2], [0.0, -0.03, 0.15]
+    measured = StepError(error, [0.0], scale) if path == "latent" else StepError([0.0], [0.0], (), error, scale)
+    perturbation, result = Perturbation(measured, seed=5), GenerationResult()
+    own = np.random.default_rng(0).standard_normal((1, 1, 128)).astype(np.float32)
+    for frame in range(3):
+        if path == "latent":
+            off = perturbation.latent(own, result)
+            result.latents.append(off)
+        else:
+            result.latents.append(own)  # a latent's features come after it: frame = latents made - 1
+            off = perturbation.features(own, result)
+        random_part = 3 * error[frame] / np.sqrt(own.size) + error[frame] ** 2 / 2  # moves the norm a little
+        assert relative(off, own) == pytest.approx(error[frame], abs=random_part)
+        assert signed_log_rms_ratio(off, own) == pytest.approx(scale[frame], abs=random_part)
+    assert Perturbation(StepError([0.1], [0.1]), seed=5).features(own, result) is own
