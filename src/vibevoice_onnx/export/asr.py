@@ -16,7 +16,7 @@ from .graphs import BATCH, FRAMES, GraphSpec, lm_spec, streaming_encoder_spec
 from .streaming import deferred_weights as streamed_weights  # noqa: F401 (the build streams these)
 
 # Seconds and peak GB per billion parameters of a first build + verify on 2 cores (build_cost), from the
-# full-size synthetic ASR (8.7 B parameters; int8 build 452 s at 20.6 GB, verify 265 s at 22.1 GB, README).
+# full-size synthetic ASR (8.7 B parameters; int8 build 452 s at 20.6 GB, verify 265 s at 22.1 GB, docs/benchmarks.md).
 BUILD_COST = {"fp32": (85.0, 2.6)}
 
 

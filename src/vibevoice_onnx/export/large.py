@@ -16,7 +16,7 @@ from .tts15b import graph_specs  # noqa: F401 (the 1.5B's graphs)
 from .tts15b import host_tensors as tts15b_host_tensors
 
 # Seconds and peak GB per billion parameters of a first build + verify on 2 cores (build_cost), from the
-# full-size synthetic 7B (9.3 B parameters; int8 build at a 15.5 GB peak, verify at 22 GB, README).
+# full-size synthetic 7B (9.3 B parameters; int8 build at a 15.5 GB peak, verify at 22 GB, docs/benchmarks.md).
 BUILD_COST = {"fp32": (160.0, 2.5)}
 
 

@@ -151,7 +151,7 @@ DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
 #
 # int4-mixed: 4 bits only where the teacher-forced and first-window gates showed them harmless. Measured one
 # component at a time on the full-size synthetic checkpoint (verify's gates, the rest of the bundle int8; the
-# README's Precisions section has the table): on the feedback path every 4-bit graph tried left the
+# Precisions section of docs/models.md has the table): on the feedback path every 4-bit graph tried left the
 # reference's trajectory within the first window (min cosine against 0.85): upper LM in all 20 layers 0.69,
 # blocks of 16 0.67, v and down kept 8-bit 0.75, first and last 2 layers kept 8-bit 0.72, only the middle 6
 # layers 0.78; lower LM 0.845 (blocks of 32) and 0.73 (16); the diffusion head 0.64. One step of it is
