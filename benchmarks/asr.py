@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from phases import CLI, run, run_phase
+from phases import CLI, header, run, run_phase
 
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
 
@@ -100,6 +100,7 @@ def main() -> int:
         proc = run_phase("transcribe_pytorch_reference", loop, results, work)
         if proc.returncode == 0:
             results["transcribe_pytorch_reference"].update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    results = {**header(), **results}
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0

@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from phases import CLI, cpu_flags, run, run_phase
+from phases import CLI, cpu_flags, header, run, run_phase
 
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
 
@@ -142,7 +142,7 @@ def main() -> int:
                               results, work)
             if whole.returncode == 0:
                 results[f"whole_{precision}"].update(json.loads(whole.stdout.strip().splitlines()[-1]))
-        (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (work / "results.json").write_text(json.dumps({**header(), **results}, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
 

@@ -66,9 +66,21 @@ def save(results: dict, args: argparse.Namespace) -> int:
     int8) and print them."""
     precision = getattr(args, "precision", "fp32")
     name = ("speak" if args.speak_only else "results") + ("" if precision == "fp32" else f"-{precision}")
+    results = {**header(), **results}
     (args.workdir / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     return 0
+
+
+def header() -> dict:
+    """What makes a results file readable on its own (docs/benchmarks.md renders benchmarks/results/*.json): the
+    date, this machine's CPU and flags, the commit and the command that made it."""
+    import datetime
+
+    commit = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    command = " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu_flags(), "commit": commit, "command": command}
 
 
 def cpu_flags() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from phases import CLI, parse_arguments, run, run_phase
+from phases import CLI, header, parse_arguments, run, run_phase
 
 PRECISIONS = ("int8", "int4-mixed", "int4")
 GROUPS = (1, 3, 6)
@@ -49,7 +49,7 @@ def main() -> int:
             "--plot", str(work / "latency.png")], results, work)
         if proc.returncode == 0:
             results["bench_best_with_reference"].update(json.loads(proc.stdout))
-    (work / "precisions.json").write_text(json.dumps(results, indent=2) + "\n")
+    (work / "precisions.json").write_text(json.dumps({**header(), **results}, indent=2) + "\n")
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk in ("seconds", "peak_rss_gb", "passed")}
                       for k, v in results.items() if isinstance(v, dict)}, indent=2))
     return 0

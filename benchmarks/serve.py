@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import KEY, Server  # noqa: E402  the same server harness as the tests
 
-from phases import CLI, cpu_flags  # noqa: E402
+from phases import CLI, header  # noqa: E402
 
 TEXT = ("The server adds no buffering of its own: each frame's audio leaves as soon as the decoder has it, "
         "while the model goes on with the next one.")
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out/serve.json"))
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"cpu": cpu_flags()}
+    report = header()  # date, cpu (and its flags), commit, command: what docs/benchmarks.md renders
     if args.tts:
         report["tts"] = bench_tts(args.tts, args.frames, args.sequential, args.out.parent)
         print(json.dumps(report["tts"], indent=2), flush=True)
