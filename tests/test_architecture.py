@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from vibevoice_onnx.families import FAMILIES, KINDS
+from vibevoice_onnx.families import FAMILIES, KINDS, family, load
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "vibevoice_onnx"
 PACKAGE = SOURCE.name
@@ -154,3 +154,19 @@ def test_kind_strings_stand_only_in_families_and_the_kinds_own_modules():
 def test_the_allow_list_names_real_files_that_need_it():
     stale = [name for name in ALLOWED if not (SOURCE / name).is_file() or not kind_literals(SOURCE / name)]
     assert not stale, f"allow-list entries with no kind string left (remove them): {stale}"
+
+
+def test_every_name_a_record_gives_loads():
+    """Each "module:attribute" (or module) a record names exists: a typo fails here, not at a user's build."""
+    named = ("hub_config", "layout", "variants", "preprocessor", "added_tokens", "reference", "to_transformers",
+             "torch_backend", "exporter", "policy", "gates", "runtime")
+    for record in FAMILIES:
+        for name in filter(None, (getattr(record, field) for field in named)):
+            assert load(name) is not None, (record.name, name)
+
+
+def test_each_kind_is_recognised_from_its_own_hub_config():
+    from vibevoice_onnx.checkpoints.configs import detect_kind, full_config
+
+    assert all(detect_kind(full_config(kind)) == kind for kind in KINDS)
+    assert family("asr-streaming").shard_count(tied_head=False) == 8

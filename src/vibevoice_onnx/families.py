@@ -134,7 +134,8 @@ FAMILIES = (
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",
         hub_config="checkpoints.configs:streaming_config", layout="checkpoints.layouts:asr_streaming_layout",
-        variants="checkpoints.configs:STREAMING_VARIANTS", shards=3, untied_shards=8,  # the 1.5B's 3 shards, the 7B's 8 (12.4)
+        variants="checkpoints.configs:STREAMING_VARIANTS",
+        shards=3, untied_shards=8,  # the 1.5B's 3 shards (its head tied), the 7B's 8 (facts sheet 12.4)
         preprocessor="checkpoints.configs:STREAMING_PREPROCESSOR", added_tokens="checkpoints.configs:STREAMING_TOKENS",
         to_transformers="checkpoints.names:asr_codes_to_hf",
         exporter="export.asr", policy="export.precision:STREAMING_ASR_POLICY", gates="verify.asr_streaming",
