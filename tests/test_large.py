@@ -54,13 +54,13 @@ def test_the_reference_keeps_the_stored_head_untied(tiny_checkpoints):
 
 
 def test_int8_and_int4_stream_the_lm_and_follow_the_policy(large):
-    from vibevoice_onnx.export.precision import POLICIES
+    from vibevoice_onnx.export.precision import policy
 
     for precision in ("int8", "int4"):
         manifest = json.loads((large / "large" / f"cpu_{precision}" / "manifest.json").read_text())
         graphs = manifest["graphs"]
         assert manifest["model_kind"] == "large" and graphs["lm"]["precision"]["streamed"]
-        for name, scheme in POLICIES["large"][precision].items():
+        for name, scheme in policy("large", precision).items():
             assert graphs[name]["precision"]["bits"] == scheme.bits, (precision, name)
         host = load_file(large / "large" / f"cpu_{precision}" / "host.safetensors")
         assert host["lm_head"].shape == host["embed_tokens"].shape  # the untied head, memory-mapped at run time

@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from vibevoice_onnx.cli import main
-from vibevoice_onnx.export.precision import POLICIES, Scheme, quantize_graph
+from vibevoice_onnx.export.precision import Scheme, policy, quantize_graph
 from vibevoice_onnx.runtime.bundle import Bundle
 
 from conftest import copy_bundle
@@ -49,11 +49,11 @@ def assert_follows_policy(variants, kind: str, precision: str) -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
     fp32 = json.loads((variants / "cpu_fp32" / "manifest.json").read_text())
     assert manifest["precision"] == precision and manifest["source"]["hash"] == fp32["source"]["hash"]
-    policy = POLICIES[kind][precision]
+    schemes = policy(kind, precision)
     for name, graph in manifest["graphs"].items():
         ops = graph_ops(bundle / graph["file"])
-        if name in policy:
-            assert graph["precision"]["bits"] == policy[name].bits and ops & QUANTIZED_OPS, name
+        if name in schemes:
+            assert graph["precision"]["bits"] == schemes[name].bits and ops & QUANTIZED_OPS, name
             assert graph["precision"]["weight_bytes_after"] < 0.6 * graph["precision"]["weight_bytes_before"], name
         else:
             assert graph["precision"] == {"scheme": "fp32"} and not ops & QUANTIZED_OPS, name
@@ -63,7 +63,7 @@ def assert_follows_policy(variants, kind: str, precision: str) -> None:
 @pytest.mark.parametrize("precision", ["int8", "int4", "int4-mixed"])
 def test_variants_follow_their_policy_and_keep_the_feedback_path_fp32(variants, precision):
     assert_follows_policy(variants, "realtime", precision)
-    assert not {"acoustic_connector", "eos_classifier"} & POLICIES["realtime"][precision].keys()
+    assert not {"acoustic_connector", "eos_classifier"} & policy("realtime", precision).keys()
 
 
 def test_unverified_quantized_bundle_is_refused_until_verified(variants, tmp_path, capsys):

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from vibevoice_onnx.cli import main
-from vibevoice_onnx.export.precision import DYNAMIC_INT8, POLICIES, Scheme, quantize_graph
+from vibevoice_onnx.export.precision import DYNAMIC_INT8, Scheme, policy, quantize_graph
 
 from conftest import SHARED, copy_bundle
 from test_precision import assert_follows_policy, unverified_copy
@@ -31,9 +31,9 @@ def variants(tiny_checkpoints, tiny_15b_bundle, tmp_path_factory):
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_variants_follow_their_policy(variants, precision):
     assert_follows_policy(variants, "1.5b", precision)
-    policy = POLICIES["1.5b"][precision]
-    assert {"lm", "diffusion_head_step", "acoustic_decoder_stream", "semantic_encoder_stream"} <= policy.keys()
-    assert not {"acoustic_connector", "semantic_connector"} & policy.keys()  # small, on the feedback path
+    schemes = policy("1.5b", precision)
+    assert {"lm", "diffusion_head_step", "acoustic_decoder_stream", "semantic_encoder_stream"} <= schemes.keys()
+    assert not {"acoustic_connector", "semantic_connector"} & schemes.keys()  # small, on the feedback path
 
 
 def test_int8_is_refused_until_verified_then_passes_and_speaks(variants, tmp_path, capsys):

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 
 from ..errors import CheckpointError
+from ..families import KINDS, family, kinds_that, load, recognise
 
-KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf", "asr-streaming")
 # VibeVoice-ASR-Streaming (facts sheet 12): the ASR network in the codes layout with a streaming prompt and
 # tokenizer; two released sizes, told apart by their LM (the 1.5B's head tied, the 7B's its own tensor).
 STREAMING_VARIANTS = ("1.5b", "7b")
@@ -27,8 +27,8 @@ STREAMING_PREPROCESSOR = {"chunk_frames": 22, "lookahead_frames": 4, "normalize_
 STREAMING_TOKENS = {"<|text_chunk_end|>": 151665, "<|AUDIO|>": 151666, "<|audio_bos|>": 151667, "<|audio_eos|>": 151668}
 # Long-form multi-speaker TTS: VibeVoice-1.5B and VibeVoice-Large (7B), one architecture, one loop; Large's LM
 # head is untied (a top-level lm_head.weight), the 1.5B's is the token embedding.
-LONG_FORM_KINDS = ("1.5b", "large")
-TTS_KINDS = ("realtime", *LONG_FORM_KINDS)
+LONG_FORM_KINDS = kinds_that(long_form=True)
+TTS_KINDS = kinds_that(speaks=True)
 
 # The VibeVoice TTS and ASR repositories ship no tokenizer: theirs is Qwen2.5's, whose repository is told by the LM's
 # width (the released sizes: 0.5B, 1.5B, 7B); a checkpoint of another width (a synthetic one) names it in its
@@ -286,37 +286,14 @@ def _head(section: dict, where: str) -> HeadDims:
 
 
 def detect_kind(config: dict, source: str = "config.json") -> str:
-    """Tell the checkpoint kind from config.json (model_type alone is ambiguous: trap 20)."""
-    model_type = config.get("model_type")
-    if model_type == "vibevoice_streaming":
-        return "realtime"
-    if model_type == "vibevoice_asr":
-        return "asr-hf"
-    if model_type == "vibevoice":
-        architectures = " ".join(config.get("architectures") or [])
-        if "ASRStreaming" in architectures:  # before the diffusion head test: its config keeps a vestigial one (12.2)
-            return "asr-streaming"
-        if "decoder_config" not in config:
-            raise CheckpointError(
-                f"{source}: model_type 'vibevoice' without 'decoder_config' is the transformers-native "
-                "1.5B layout, which is not supported yet; use the upstream microsoft/VibeVoice-1.5B checkpoint"
-            )
-        if "diffusion_head_config" in config:
-            # Large says so at the top level (facts sheet 11.2: its decoder section has no tie key at all)
-            return "large" if config.get("tie_word_embeddings") is False else "1.5b"
-        if "ASR" in architectures or "semantic_tokenizer_config" in config:
-            return "asr"
-        raise CheckpointError(f"{source}: model_type 'vibevoice' with neither a diffusion head nor an ASR architecture")
-    if model_type is None:
-        raise CheckpointError(f"{source}: no 'model_type' field, so this is not a VibeVoice checkpoint config")
-    raise CheckpointError(
-        f"{source}: unknown model_type '{model_type}' (expected vibevoice_streaming, vibevoice or vibevoice_asr)"
-    )
+    """Tell the checkpoint kind from config.json (see families.recognise)."""
+    return recognise(config, source).name
 
 
 def model_dims(config: dict, source: str = "config.json") -> ModelDims:
-    kind = detect_kind(config, source)
-    if kind == "asr-hf":
+    facts = recognise(config, source)
+    kind = facts.name
+    if facts.transformers_names:
         text = _section(config, "text_config", source)
         special = tuple(
             (name, int(config[name]))
@@ -335,7 +312,7 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
     decoder = _section(config, "decoder_config", source)
     acoustic = _section(config, "acoustic_tokenizer_config", source)
     configured = _count(decoder, "num_hidden_layers", "decoder_config")
-    if kind == "realtime":
+    if facts.split_lm:
         upper = _count(config, "tts_backbone_num_hidden_layers", "config")
         if not 0 < upper < configured:
             raise CheckpointError(
@@ -360,7 +337,7 @@ def model_dims(config: dict, source: str = "config.json") -> ModelDims:
         acoustic_decoder=_upstream_decoder(acoustic, "acoustic_tokenizer_config"),
         semantic_encoder=_upstream_encoder(semantic, "semantic_tokenizer_config"),
     )
-    if kind in LONG_FORM_KINDS:
+    if facts.capabilities.long_form:
         dims["head"] = _head(_section(config, "diffusion_head_config", source), "diffusion_head_config")
     return ModelDims(**dims)
 
@@ -508,7 +485,7 @@ def streaming_config(variant: str) -> dict:
     max_position_embeddings (the 1.5B TTS's 65536) and the 7B's (VibeVoice-ASR's 32768)."""
     if variant not in STREAMING_VARIANTS:
         raise CheckpointError(f"unknown ASR-Streaming variant '{variant}' (expected {' or '.join(STREAMING_VARIANTS)})")
-    config = {key: value for key, value in full_config("asr").items() if key != "decoder_config"}
+    config = {key: value for key, value in asr_config().items() if key != "decoder_config"}
     config.update(
         architectures=["VibeVoiceForASRStreamingTraining"],
         decoder_config=(_qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True) if variant == "1.5b"
@@ -520,61 +497,78 @@ def streaming_config(variant: str) -> dict:
 
 def full_config(kind: str, variant: str = "1.5b") -> dict:
     """The hub config.json of KIND, field for field (facts sheet sections 2.1, 3.1, 5.1, 6.1, 12.2); `variant`:
-    ASR-Streaming's size."""
-    if kind == "realtime":
-        return {
-            "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
-            "acoustic_vae_dim": 64,
-            "architectures": ["VibeVoiceStreamingForConditionalGenerationInference"],
-            "decoder_config": _qwen_section(896, 24, 14, 2, 4864, 151936, 8192, False),
-            "diffusion_head_config": _head_section(896),
-            "model_type": "vibevoice_streaming",
-            "torch_dtype": "bfloat16",
-            "transformers_version": "4.51.3",
-            "tts_backbone_num_hidden_layers": 20,
-        }
-    if kind == "asr-streaming":
-        return streaming_config(variant)
-    if kind in ("1.5b", "asr"):
-        config = {
-            "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
-            "acoustic_vae_dim": 64,
-            "architectures": ["VibeVoiceForConditionalGeneration" if kind == "1.5b" else "VibeVoiceForASRTraining"],
-            "model_type": "vibevoice",
-            "semantic_tokenizer_config": _upstream_tokenizer_section("semantic", 128),
-            "semantic_vae_dim": 128,
-            "torch_dtype": "bfloat16",
-            "transformers_version": "4.51.3",
-        }
-        if kind == "1.5b":
-            config["decoder_config"] = _qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True)
-            config["diffusion_head_config"] = _head_section(1536)
-        else:
-            config["decoder_config"] = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
-        return dict(sorted(config.items()))
-    if kind == "large":  # facts sheet 11.2, the hub file as ComfyUI copies it
-        config = full_config("1.5b")
-        decoder = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
-        del decoder["tie_word_embeddings"]  # absent there: the top-level key unties the head
-        config.update(decoder_config={**decoder, "use_mrope": False}, diffusion_head_config=_head_section(3584),
-                      tie_word_embeddings=False, acostic_vae_dim=config.pop("acoustic_vae_dim"))  # (sic)
-        return dict(sorted(config.items()))
-    if kind == "asr-hf":
-        text = _qwen_section(3584, 28, 28, 4, 18944, 152064, 131072, False)
-        return {
-            "acoustic_tokenizer_chunk_size": 1440000,
-            "acoustic_tokenizer_encoder_config": _hf_encoder_section(64),
-            "architectures": ["VibeVoiceAsrForConditionalGeneration"],
-            "audio_bos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_start|>"],
-            "audio_eos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_end|>"],
-            "audio_token_id": QWEN_SPECIAL_TOKENS["<|box_start|>"],
-            "dtype": "bfloat16",
-            "model_type": "vibevoice_asr",
-            "semantic_tokenizer_encoder_config": _hf_encoder_section(128),
-            "text_config": text,
-            "transformers_version": "5.23.0",
-        }
-    raise CheckpointError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})")
+    the size, for a kind released in several (ASR-Streaming)."""
+    facts = family(kind)
+    make = load(facts.hub_config)
+    return make(variant) if facts.variants else make()
+
+
+def realtime_config() -> dict:
+    return {
+        "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
+        "acoustic_vae_dim": 64,
+        "architectures": ["VibeVoiceStreamingForConditionalGenerationInference"],
+        "decoder_config": _qwen_section(896, 24, 14, 2, 4864, 151936, 8192, False),
+        "diffusion_head_config": _head_section(896),
+        "model_type": "vibevoice_streaming",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.3",
+        "tts_backbone_num_hidden_layers": 20,
+    }
+
+
+def _codes_config(architecture: str, **sections) -> dict:
+    """The upstream ("codes") layout's config that the 1.5B and ASR share, with their own sections."""
+    config = {
+        "acoustic_tokenizer_config": _upstream_tokenizer_section("acoustic", 64),
+        "acoustic_vae_dim": 64,
+        "architectures": [architecture],
+        "model_type": "vibevoice",
+        "semantic_tokenizer_config": _upstream_tokenizer_section("semantic", 128),
+        "semantic_vae_dim": 128,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.3",
+        **sections,
+    }
+    return dict(sorted(config.items()))
+
+
+def tts_1p5b_config() -> dict:
+    return _codes_config("VibeVoiceForConditionalGeneration",
+                         decoder_config=_qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True),
+                         diffusion_head_config=_head_section(1536))
+
+
+def asr_config() -> dict:
+    return _codes_config("VibeVoiceForASRTraining",
+                         decoder_config=_qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False))
+
+
+def large_config() -> dict:
+    """Facts sheet 11.2, the hub file as ComfyUI copies it."""
+    config = tts_1p5b_config()
+    decoder = _qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False)
+    del decoder["tie_word_embeddings"]  # absent there: the top-level key unties the head
+    config.update(decoder_config={**decoder, "use_mrope": False}, diffusion_head_config=_head_section(3584),
+                  tie_word_embeddings=False, acostic_vae_dim=config.pop("acoustic_vae_dim"))  # (sic)
+    return dict(sorted(config.items()))
+
+
+def asr_hf_config() -> dict:
+    text = _qwen_section(3584, 28, 28, 4, 18944, 152064, 131072, False)
+    return {
+        "acoustic_tokenizer_chunk_size": 1440000,
+        "acoustic_tokenizer_encoder_config": _hf_encoder_section(64),
+        "architectures": ["VibeVoiceAsrForConditionalGeneration"],
+        "audio_bos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_start|>"],
+        "audio_eos_token_id": QWEN_SPECIAL_TOKENS["<|object_ref_end|>"],
+        "audio_token_id": QWEN_SPECIAL_TOKENS["<|box_start|>"],
+        "dtype": "bfloat16",
+        "model_type": "vibevoice_asr",
+        "semantic_tokenizer_encoder_config": _hf_encoder_section(128),
+        "text_config": text,
+        "transformers_version": "5.23.0",
+    }
 
 
 # Tiny widths: hidden 64, few layers, 4 conv filters and one block per stage, but the real conv ratios so
@@ -584,9 +578,10 @@ TINY_FILTERS, TINY_DEPTHS = 4, [1, 1, 1, 1, 1, 1, 2]
 
 
 def tiny_config(kind: str, vocab: int, special_ids: dict[str, int], variant: str = "1.5b") -> dict:
+    facts = family(kind)
     config = copy.deepcopy(full_config(kind, variant))
     depth_string = "-".join(str(d) for d in TINY_DEPTHS)
-    if kind == "asr-hf":
+    if facts.transformers_names:
         text = config["text_config"]
         for name in ("acoustic_tokenizer_encoder_config", "semantic_tokenizer_encoder_config"):
             config[name].update(num_filters=TINY_FILTERS, depths=list(TINY_DEPTHS))
@@ -602,7 +597,7 @@ def tiny_config(kind: str, vocab: int, special_ids: dict[str, int], variant: str
                     config[name]["decoder_n_filters"] = TINY_FILTERS
         if "diffusion_head_config" in config:
             config["diffusion_head_config"]["hidden_size"] = TINY_HIDDEN
-    layers = {"realtime": 6, "1.5b": 2, "large": 2, "asr": 2, "asr-hf": 2, "asr-streaming": 2}[kind]
+    layers = facts.tiny_layers
     text.update(
         hidden_size=TINY_HIDDEN,
         num_attention_heads=TINY_HEADS,
@@ -612,7 +607,7 @@ def tiny_config(kind: str, vocab: int, special_ids: dict[str, int], variant: str
         max_window_layers=layers,
         vocab_size=vocab,
     )
-    if kind == "realtime":
+    if facts.split_lm:
         config["tts_backbone_num_hidden_layers"] = 4
     return config
 
@@ -628,7 +623,7 @@ def tokenizer_repo(dims: ModelDims, preprocessor: dict | None) -> str | None:
 def tts_preprocessor(kind: str) -> dict:
     """The preprocessor_config.json that upstream's TTS repositories ship (facts sheet 2.1, 11.3): the audio
     processor's settings and the Qwen2.5 repository whose tokenizer the model uses, named by its released size."""
-    return {"processor_class": "VibeVoiceStreamingProcessor" if kind == "realtime" else "VibeVoiceProcessor",
+    return {"processor_class": family(kind).processor_class,
             "speech_tok_compress_ratio": 3200, "db_normalize": True,
             "language_model_pretrained_name": QWEN_TOKENIZERS[model_dims(full_config(kind)).lm.hidden],
             "audio_processor": {"feature_extractor_type": "VibeVoiceTokenizerProcessor", "sampling_rate": 24000,

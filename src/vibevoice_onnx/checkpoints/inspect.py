@@ -12,6 +12,7 @@ import numpy as np
 from safetensors import safe_open
 
 from ..errors import CheckpointError
+from ..families import family
 from .configs import model_dims
 from .files import CheckpointFiles, open_checkpoint
 from .layouts import layout_for
@@ -85,7 +86,7 @@ def inspect_checkpoint(root: Path) -> dict:
     unused = [t.name for t in layout.tensors if not t.used]
     non_finite = non_finite_tensors(files)
     tokenizer = Path(root) / "tokenizer.json"
-    streaming, streaming_problem = _streaming(Path(root), tokenizer) if dims.kind == "asr-streaming" else (None, None)
+    streaming, streaming_problem = _streaming(Path(root), tokenizer) if family(dims.kind).streams_audio else (None, None)
     return {
         "path": str(Path(root)),
         "kind": dims.kind,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import CheckpointError
+from ..families import family, load
 from .configs import ConvStackDims, HeadDims, ModelDims, QwenDims
 
 # How the synthetic factory initialises a tensor (see synthetic.py). Anything a zero or 1e-6 init would make
@@ -181,9 +182,12 @@ def _scalars() -> list[TensorSpec]:
 REALTIME_ENCODER = "model.acoustic_tokenizer.encoder."
 
 
-def realtime_layout(d: ModelDims, with_encoder: bool = False) -> Layout:
-    """The hub layout; `with_encoder`: as upstream's own save_pretrained writes it, which adds the acoustic
-    encoder (its model always builds the whole acoustic tokenizer), present and unused."""
+def realtime_layout(d: ModelDims, stored: set[str] | None = None, with_encoder: bool | None = None) -> Layout:
+    """The hub layout; `with_encoder` (by default: whether `stored`, the checkpoint's names, hold any of it): as
+    upstream's own save_pretrained writes it, which adds the acoustic encoder (its model always builds the whole
+    acoustic tokenizer), present and unused."""
+    if with_encoder is None:
+        with_encoder = stored is not None and any(n.startswith(REALTIME_ENCODER) for n in stored)
     h = d.lm.hidden
     encoder = []
     if with_encoder:
@@ -226,7 +230,7 @@ def _upstream_audio_parts(d: ModelDims, decoder_used: bool) -> list[TensorSpec]:
     ]
 
 
-def tts_1p5b_layout(d: ModelDims) -> Layout:
+def tts_1p5b_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
     tensors = [
         *_qwen_layers("model.language_model.", d.lm, "language_model"),
         *_upstream_audio_parts(d, decoder_used=True),
@@ -236,7 +240,7 @@ def tts_1p5b_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), ("lm_head is tied to language_model.embed_tokens (no tensor)",))
 
 
-def large_layout(d: ModelDims) -> Layout:
+def large_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
     """VibeVoice-Large: the 1.5B's tensors plus the untied head at the top level (facts sheet 11.4)."""
     tts = tts_1p5b_layout(d).tensors
     lm = [t for t in tts if t.component == "language_model"]
@@ -244,7 +248,7 @@ def large_layout(d: ModelDims) -> Layout:
     return Layout(d, (*lm, head, *tts[len(lm):]), ("lm_head is untied: its rows give the segment and EOS decisions",))
 
 
-def asr_codes_layout(d: ModelDims) -> Layout:
+def asr_codes_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
     tensors = [
         TensorSpec("lm_head.weight", (d.lm.vocab, d.lm.hidden), "lm_head", LINEAR),
         *_qwen_layers("model.language_model.", d.lm, "language_model"),
@@ -253,7 +257,7 @@ def asr_codes_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), ("model.acoustic_tokenizer.decoder.* is present but unused by ASR",))
 
 
-def asr_streaming_layout(d: ModelDims) -> Layout:
+def asr_streaming_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
     """VibeVoice-ASR-Streaming: the codes-layout ASR tensors (facts sheet 12.4). The 1.5B ships an lm_head
     although its config ties the head to the embedding, which upstream then uses: present, never read."""
     tied = d.lm.tied_embeddings
@@ -265,7 +269,7 @@ def asr_streaming_layout(d: ModelDims) -> Layout:
     return Layout(d, tuple(tensors), notes)
 
 
-def asr_hf_layout(d: ModelDims) -> Layout:
+def asr_hf_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
     from .names import upstream_encoder_to_hf
 
     def encoder(hf_prefix: str, dims: ConvStackDims, component: str) -> list[TensorSpec]:
@@ -295,14 +299,6 @@ def asr_hf_layout(d: ModelDims) -> Layout:
 
 
 def layout_for(d: ModelDims, stored: set[str] | None = None) -> Layout:
-    """The layout of a kind; `stored` (the checkpoint's normalised names) picks a variant where a kind has two:
-    a realtime checkpoint holding acoustic encoder tensors is judged as upstream's save_pretrained writes it."""
-    if d.kind == "realtime":
-        return realtime_layout(d, with_encoder=stored is not None and any(n.startswith(REALTIME_ENCODER) for n in stored))
-    return {
-        "1.5b": tts_1p5b_layout,
-        "large": large_layout,
-        "asr": asr_codes_layout,
-        "asr-hf": asr_hf_layout,
-        "asr-streaming": asr_streaming_layout,
-    }[d.kind](d)
+    """The layout of a kind (its family's `layout`); `stored` (the checkpoint's normalised names) picks a variant
+    where a kind has two (see realtime_layout)."""
+    return load(family(d.kind).layout)(d, stored)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ..errors import CheckpointError
+from ..families import family
 
 _STEM_CONV = re.compile(r"^(down|up)sample_layers\.0\.0\.conv\.conv\.(weight|bias)$")
 _RESAMPLE = re.compile(r"^(?:downsample_layers\.(\d+)\.0\.conv\.conv|upsample_layers\.(\d+)\.0\.convtr\.convtr)\.(weight|bias)$")
@@ -160,4 +161,4 @@ def normalise_asr_hf(name: str) -> str:
 
 def normalise_key(kind: str, name: str) -> str:
     """The spelling the layout uses for a stored key (only ASR-HF has alternative spellings)."""
-    return normalise_asr_hf(name) if kind == "asr-hf" else name
+    return normalise_asr_hf(name) if family(kind).transformers_names else name

@@ -19,11 +19,11 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ..errors import VibeVoiceError
+from ..families import FAMILIES, family, load
 from ..options import check
 from ..outputs import atomic_directory
 from .configs import (
-    KINDS, LONG_FORM_KINDS, PREPROCESSOR_CONFIG, STREAMING_PREPROCESSOR, STREAMING_TOKENS, STREAMING_VARIANTS, TTS_KINDS,
-    full_config, model_dims, tiny_config, tts_preprocessor,
+    PREPROCESSOR_CONFIG, full_config, model_dims, tiny_config, tts_preprocessor,
 )
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
@@ -33,17 +33,12 @@ from .layouts import (
 from .tokenizer import build_tokenizer
 
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
-# Shard counts of the hub checkpoints (facts sheet 1.5; ~2 GB each at full size). The codes-layout ASR
-# count is not established; it mirrors its -HF twin. Tiny checkpoints keep the counts, so the sharded
-# loading path is exercised in tests.
-SHARDS = {"realtime": 1, "1.5b": 3, "large": 10, "asr": 8, "asr-hf": 8}
-STREAMING_SHARDS = {True: 3, False: 8}  # ASR-Streaming by head tying: the 1.5B's 3 shards, the 7B's 8 (12.4)
 
 
 def shard_count(layout: Layout) -> int:
-    if layout.kind == "asr-streaming":
-        return STREAMING_SHARDS[layout.dims.lm.tied_embeddings]
-    return SHARDS[layout.kind]
+    """The hub checkpoint's shard count (its family's; ~2 GB each at full size). Tiny checkpoints keep the
+    counts, so the sharded loading path is exercised in tests."""
+    return family(layout.kind).shard_count(layout.dims.lm.tied_embeddings)
 EOS_LOGIT_BIAS = -2.0  # with random weights the EOS logit has std ~1: EOS fires now and then, not at once
 
 
@@ -157,8 +152,7 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
                     extras: Callable[[Path], None] | None = None, variant: str | None = None) -> Layout:
     """Write the checkpoint into `out` atomically; `extras(directory)` may add files before it lands.
     `variant`: ASR-Streaming's size, 1.5b (default) or 7b."""
-    if kind not in KINDS:
-        raise VibeVoiceError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})")
+    facts = family(kind)
     if size not in ("tiny", "full"):
         raise VibeVoiceError(f"unknown size '{size}' (expected tiny or full)")
     if dtype not in DTYPES:
@@ -167,11 +161,12 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise VibeVoiceError(f"{out}: {'directory is not empty' if out.is_dir() else 'is a file'}; choose a new output directory")
-    streaming = kind == "asr-streaming"
-    if variant is not None and not streaming:
-        raise VibeVoiceError(f"--variant is for asr-streaming checkpoints; {kind} has one size")
-    variant = variant or STREAMING_VARIANTS[0]
-    tokenizer, special_ids = build_tokenizer(size, STREAMING_TOKENS if streaming else None)
+    sizes = load(facts.variants) if facts.variants else None
+    if variant is not None and sizes is None:
+        sized = " or ".join(f.name for f in FAMILIES if f.variants)
+        raise VibeVoiceError(f"--variant is for {sized} checkpoints; {kind} has one size")
+    variant = variant or (sizes[0] if sizes else None)
+    tokenizer, special_ids = build_tokenizer(size, load(facts.added_tokens) if facts.added_tokens else None)
     config = full_config(kind, variant) if size == "full" else tiny_config(kind, 512, special_ids, variant)
     if dtype != "bfloat16":
         for section in [config, *(v for v in config.values() if isinstance(v, dict))]:
@@ -183,11 +178,12 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
          f"{layout.parameters:,} parameters, {dtype}")
     with atomic_directory(out, _log) as partial:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        preprocessor = STREAMING_PREPROCESSOR if streaming else tts_preprocessor(kind) if kind in TTS_KINDS else None
+        preprocessor = (load(facts.preprocessor) if facts.preprocessor else
+                        tts_preprocessor(kind) if facts.processor_class else None)
         if preprocessor is not None:
             (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor, indent=2) + "\n")
         tokenizer.save(str(partial / "tokenizer.json"))
-        write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if kind in LONG_FORM_KINDS else None)
+        write_weights(layout, partial, seed, dtype, speaking_lm(special_ids) if facts.capabilities.long_form else None)
         if extras is not None:
             extras(partial)
     return layout

@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 from ..checkpoints.configs import model_dims
 from ..checkpoints.files import checkpoint_hash, open_checkpoint
 from ..errors import VibeVoiceError
+from ..families import FAMILIES, family, load
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from .graphs import OPSET, export_graph
@@ -103,13 +104,11 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
 def _exporter(kind: str):
     """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
-    from . import asr, large, realtime, tts15b
-
-    exporters = {"realtime": realtime, "1.5b": tts15b, "large": large, "asr": asr, "asr-hf": asr,
-                 "asr-streaming": asr}
-    if kind not in exporters:
-        raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {', '.join(exporters)})")
-    return exporters[kind]
+    exporter = family(kind).exporter
+    if exporter is None:
+        supported = ", ".join(f.name for f in FAMILIES if f.exporter)
+        raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {supported})")
+    return load(exporter)
 
 
 VARIANTS = {"cpu": ("fp32", "int8", "int4", "int4-mixed"), "cuda": ("fp32", "fp16")}
@@ -189,12 +188,12 @@ def _copied_graphs(source: Path, tmp: Path) -> dict:
     return manifest["graphs"]
 
 
-def _convert_precision(policy_kind: str, precision: str, graphs: dict, tmp: Path) -> None:
+def _convert_precision(kind: str, profile, precision: str, graphs: dict, tmp: Path) -> None:
     """Quantize (int8, int4) or halve (fp16) the graphs in place, as the kind's (and profile's) policy says; each
     graph's manifest entry records what it became."""
     from .precision import convert_fp16, policy, quantize_graph
 
-    schemes = policy(policy_kind, precision)
+    schemes = policy(kind, precision, profile)
     for name, graph in graphs.items():
         path = tmp / graph["file"]
         external = graph.get("external_data") is not None
@@ -220,7 +219,7 @@ def _preprocessor(checkpoint: Path, kind: str) -> dict:
 
     path = checkpoint / PREPROCESSOR_CONFIG
     preprocessor = json.loads(path.read_text()) if path.is_file() else None
-    if kind == "asr-streaming":
+    if family(kind).streams_audio:
         streaming_geometry(preprocessor, str(path))
     return {"preprocessor": preprocessor} if preprocessor is not None else {}
 
@@ -250,8 +249,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     preprocessor = _preprocessor(checkpoint, dims.kind)
     from .precision import policy
 
-    policy_kind = dims.kind if profile is None else f"{dims.kind}-{profile.name}"
-    schemes = policy(policy_kind, precision)  # refuses a kind without one before any work
+    schemes = policy(dims.kind, precision, profile)  # refuses a kind without one before any work
 
     final = Path(out_root) / dims.kind / f"{device}_{precision}{profile.suffix if profile else ''}"
     started = time.perf_counter()
@@ -269,7 +267,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     with atomic_directory(final, log, keep=carry_over_voices, action="writing the bundle") as tmp:
         graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source) if fresh else _copied_graphs(source, tmp)
         if precision != "fp32":
-            _convert_precision(policy_kind, precision, graphs, tmp)
+            _convert_precision(dims.kind, profile, precision, graphs, tmp)
         profile_record = profile.finish(tmp, graphs, log) if profile is not None else None
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")
         (tmp / "voices").mkdir(exist_ok=True)

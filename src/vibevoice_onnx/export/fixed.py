@@ -174,6 +174,7 @@ class FixedProfile:
         return cls(cache, frames, ort_format)
 
     suffix = "_fixed"
+    policy = "export.precision:REALTIME_FIXED_POLICY"  # its graphs' schemes (see families.Family.policy)
 
     def check_kind(self, kind: str) -> None:
         if kind != "realtime":

@@ -22,6 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import VibeVoiceError
+from ..families import family, load
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,10 @@ INT8, INT4, DYNAMIC_INT8 = Scheme(8), Scheme(4), Scheme(8, method="dynamic")
 # full-size gates were measured with.
 INT8_WIDE = Scheme(8, block_size=128)
 
-# Per model kind and precision: graph -> scheme; a graph not listed stays fp32. Chosen by measurement on the
-# full-size synthetic realtime checkpoint: dynamic int8 is the fastest scheme here, but its per-tensor
-# activation scales cost the graphs on the feedback path (LMs, diffusion head) enough accuracy to fail the
-# closed loop (first-window cosine 0.89); blockwise int8 there passes (0.98). The decoder is off the feedback
+# Per precision: graph -> scheme (each kind's record in families.py names its policy); a graph not listed stays
+# fp32. Chosen by measurement on the full-size synthetic realtime checkpoint: dynamic int8 is the fastest scheme
+# here, but its per-tensor activation scales cost the graphs on the feedback path (LMs, diffusion head) enough
+# accuracy to fail the closed loop (first-window cosine 0.89); blockwise int8 there passes (0.98). The decoder is off the feedback
 # path (its output is only heard), so it takes the fast scheme.
 HEAD_INT8 = {"diffusion_head_conditioning": INT8_WIDE, "diffusion_head_step": INT8_WIDE}
 # Its weights are signed (onnxruntime's u8s8 GEMM kernels; its u8u8 ones widen to 16 bits first): the full-size
@@ -160,54 +161,54 @@ DECODER_INT8 = {"acoustic_decoder_stream": DYNAMIC_INT8}
 # of 16 0.984 and 0.985 (273 MB against 348 MB in dynamic int8; on these CPUs 1.6x slower than dynamic int8).
 DECODER_INT4 = {"acoustic_decoder_stream": Scheme(4, block_size=16)}
 ENCODERS_INT8 = {"semantic_encoder_stream": INT8_WIDE, "acoustic_encoder": INT8_WIDE}
-POLICIES = {
-    "realtime": {
-        "int8": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8},
-        "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
-        "int4-mixed": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT4},
-    },
-    # VibeVoice-1.5B: every latent reads the LM (both CFG streams in one call), the head, the decoder and the
-    # semantic encoder, whose features of the decoded audio feed back into the LM: the decoder is on the
-    # feedback path here, so it takes blockwise int8, not realtime's dynamic int8 (per-tensor activation
-    # scales). Measured one graph at a time on the tiny checkpoint saved by Microsoft's code (the rest fp32,
-    # verify's teacher-forced conditions / sampled latents against 0.995 / 0.97): the dynamic int8 decoder alone
-    # 0.9915 / 0.982, the whole of int8's loss (LM alone 0.99956 / 0.9988, every other graph >= 0.99995);
-    # blockwise int8 in blocks of 128 0.9978 / 0.988. The acoustic encoder runs once per voice, into the
-    # prompt. The connectors (small, on the feedback path) stay fp32 as realtime's do.
-    "1.5b": {
-        "int8": {"lm": INT8_WIDE, **HEAD_INT8, "acoustic_decoder_stream": INT8_WIDE, **ENCODERS_INT8},
-        "int4": {"lm": INT4, **HEAD_INT8, "acoustic_decoder_stream": INT8_WIDE, **ENCODERS_INT8},
-    },
-    # ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32. int4-mixed
-    # keeps the head and the LM's first and last 7 of 28 layers at 8 bits, measured on the full-size synthetic
-    # checkpoint (verify's teacher-forced logits against 0.98): int4 everywhere 0.91 (LM graph 0.980); head and
-    # first and last 2 layers at 8 bits 0.955 (LM 0.988); first and last 7 at 8 bits 0.982 (LM 0.994): passes.
-    "asr": {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4},
-            "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}},
+REALTIME_POLICY = {
+    "int8": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT8},
+    "int4": {"lower_lm": INT4, "upper_lm": INT4, **HEAD_INT8, **DECODER_INT8},
+    "int4-mixed": {"lower_lm": INT8_WIDE, "upper_lm": INT8_WIDE, **HEAD_INT8, **DECODER_INT4},
 }
-POLICIES["asr-hf"] = POLICIES["asr"]
+# VibeVoice-1.5B: every latent reads the LM (both CFG streams in one call), the head, the decoder and the
+# semantic encoder, whose features of the decoded audio feed back into the LM: the decoder is on the
+# feedback path here, so it takes blockwise int8, not realtime's dynamic int8 (per-tensor activation
+# scales). Measured one graph at a time on the tiny checkpoint saved by Microsoft's code (the rest fp32,
+# verify's teacher-forced conditions / sampled latents against 0.995 / 0.97): the dynamic int8 decoder alone
+# 0.9915 / 0.982, the whole of int8's loss (LM alone 0.99956 / 0.9988, every other graph >= 0.99995);
+# blockwise int8 in blocks of 128 0.9978 / 0.988. The acoustic encoder runs once per voice, into the
+# prompt. The connectors (small, on the feedback path) stay fp32 as realtime's do. VibeVoice-Large: the 1.5B's
+# components at 7B widths, the same feedback path; its LM is quantized as it streams.
+LONG_FORM_POLICY = {
+    "int8": {"lm": INT8_WIDE, **HEAD_INT8, "acoustic_decoder_stream": INT8_WIDE, **ENCODERS_INT8},
+    "int4": {"lm": INT4, **HEAD_INT8, "acoustic_decoder_stream": INT8_WIDE, **ENCODERS_INT8},
+}
+# ASR: the LM and its head hold nearly all the weights (7B); encoders and connectors stay fp32. int4-mixed
+# keeps the head and the LM's first and last 7 of 28 layers at 8 bits, measured on the full-size synthetic
+# checkpoint (verify's teacher-forced logits against 0.98): int4 everywhere 0.91 (LM graph 0.980); head and
+# first and last 2 layers at 8 bits 0.955 (LM 0.988); first and last 7 at 8 bits 0.982 (LM 0.994): passes. Both layouts (asr, asr-hf).
+ASR_POLICY = {"int8": {"lm": INT8, "lm_head": INT8}, "int4": {"lm": INT4, "lm_head": INT4},
+              "int4-mixed": {"lm": Mixed(INT4, (LayerRule(INT8, "first", 7), LayerRule(INT8, "last", 7))), "lm_head": INT8}}
 # ASR-Streaming encodes every 3.47 s window anew (both encoders, cold), then decodes ~10-20 tokens: on 2 cores of
 # an AMD EPYC (AVX-512 VNNI) the full-size 1.5B int8 bundle with fp32 encoders and ASR's blocks of 32 took 4.2 s
 # a 2.93 s chunk (encoders 2.6 s, 17 LM steps at 79 ms, the head 11 ms a pick). Blocks of 128 and 8-bit encoders
 # (their MatMuls; one window's latents against fp32: cosine 0.99988 and 0.99989): encoders 1.9 s, LM 64 ms a step,
 # head 8.4 ms. Streamed 4-bit LM as ASR's, with the same layer rules for int4-mixed.
 _STREAMING_8BIT = {"lm_head": INT8_WIDE, "acoustic_encoder_stream": INT8_WIDE, "semantic_encoder_stream": INT8_WIDE}
-POLICIES["asr-streaming"] = {"int8": {"lm": INT8_WIDE, **_STREAMING_8BIT}, "int4": {"lm": INT4, **_STREAMING_8BIT},
-                             "int4-mixed": {"lm": POLICIES["asr"]["int4-mixed"]["lm"], **_STREAMING_8BIT}}
+STREAMING_ASR_POLICY = {"int8": {"lm": INT8_WIDE, **_STREAMING_8BIT}, "int4": {"lm": INT4, **_STREAMING_8BIT},
+                        "int4-mixed": {"lm": ASR_POLICY["int4-mixed"]["lm"], **_STREAMING_8BIT}}
 # The fixed-shape realtime profile: its graphs, the same schemes as the default profile's for the same weights.
-POLICIES["realtime-fixed"] = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
-                                       "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}
-# VibeVoice-Large: the 1.5B's components at 7B widths, the same feedback path; its LM is quantized as it streams.
-POLICIES["large"] = POLICIES["1.5b"]
+REALTIME_FIXED_POLICY = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
+                                  "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}
 
 
-def policy(kind: str, precision: str) -> dict[str, Scheme]:
+def policy(kind: str, precision: str, profile=None) -> dict[str, Scheme]:
+    """The schemes of a kind's bundle at `precision`: its family's policy, or its build profile's (which names
+    one as `policy`, e.g. export.fixed.FixedProfile)."""
     if precision in ("fp32", "fp16"):
         return {}
-    try:
-        return POLICIES[kind][precision]
-    except KeyError:
-        raise VibeVoiceError(f"no {precision} policy for {kind} bundles yet") from None
+    named = family(kind).policy if profile is None else profile.policy
+    schemes = load(named).get(precision) if named else None
+    if schemes is None:
+        label = kind if profile is None else f"{kind}-{profile.name}"
+        raise VibeVoiceError(f"no {precision} policy for {label} bundles yet")
+    return schemes
 
 
 def _gemm_to_matmul(model: onnx.ModelProto) -> int:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import BundleError, VibeVoiceError
+from ..families import family
 from ..outputs import atomic_directory
 from ..runtime.bundle import MANIFEST, MODEL_CARD, Bundle, record_files, write_manifest
 from .repos import Snapshot, hub_errors, parse_ref
@@ -126,12 +127,13 @@ def model_card(bundle: Bundle, repo_id: str, base_model: str | None = None) -> s
 
 
 def usage(bundle: Bundle, repo_id: str) -> str:
+    facts = family(bundle.kind)
     if bundle.dims.head is None:
-        stream = " --stream" if bundle.kind == "asr-streaming" else ""
+        stream = " --stream" if facts.streams_audio else ""
         return f"vibevoice-onnx transcribe --model {repo_id}{stream} recording.wav"
     voices = bundle.voices()
     voice = f" --voice {voices[0]}" if voices else " --voice PRESET_OR_AUDIO"
-    if bundle.kind == "realtime":
+    if not facts.capabilities.long_form:
         return f'vibevoice-onnx speak --model {repo_id} "Hello there."{voice} -o hello.wav'
     speaker = voices[0] if voices else "SAMPLE.wav"
     return f'vibevoice-onnx speak --model {repo_id} "Speaker 1: Hello there." --speaker 1={speaker} -o hello.wav'

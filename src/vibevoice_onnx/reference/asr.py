@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache
 from ..checkpoints.configs import ModelDims, model_dims
 from ..checkpoints.files import read_config
 from ..errors import CheckpointError
+from ..families import family
 from ..generation.common import LmStream
 from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 
@@ -72,7 +73,7 @@ LM_WEIGHTS = ("model.language_model.layers.", "lm_head.")  # 7.6 of the 8.3 B pa
 
 def _checked_dims(checkpoint: Path) -> ModelDims:
     dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
-    if dims.kind not in ("asr", "asr-hf", "asr-streaming"):
+    if not family(dims.kind).capabilities.transcribes:
         raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr, asr-hf or asr-streaming")
     return dims
 

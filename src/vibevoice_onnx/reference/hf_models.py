@@ -6,7 +6,8 @@ from transformers import (
     VibeVoiceAsrConfig, VibeVoiceAsrForConditionalGeneration, VibeVoiceConfig, VibeVoiceForConditionalGeneration,
 )
 
-from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims
+from ..checkpoints.configs import ModelDims
+from ..families import family
 from .modules import _conv_stack_kwargs, qwen_config
 
 
@@ -16,11 +17,12 @@ def _encoder_dict(d) -> dict:
 
 def build_hf_model(dims: ModelDims):
     text = qwen_config(dims.lm).to_dict()
-    if dims.kind in LONG_FORM_KINDS:
+    capabilities = family(dims.kind).capabilities
+    if capabilities.long_form:
         h = dims.head
         config = VibeVoiceConfig(
             # Large's head is its own tensor: the default (tied) would overwrite it with the embedding (trap 11.9.1)
-            tie_word_embeddings=dims.kind == "1.5b",
+            tie_word_embeddings=dims.lm.tied_embeddings,
             text_config=text,
             audio_config=_encoder_dict(dims.acoustic_encoder),
             semantic_model_config=_encoder_dict(dims.semantic_encoder),
@@ -30,7 +32,7 @@ def build_hf_model(dims: ModelDims):
             ),
         )
         return VibeVoiceForConditionalGeneration(config)
-    if dims.kind in ("asr", "asr-hf", "asr-streaming"):
+    if capabilities.transcribes:
         config = VibeVoiceAsrConfig(
             tie_word_embeddings=dims.lm.tied_embeddings,  # ASR-Streaming 1.5B: the head is the embedding
             text_config=text,

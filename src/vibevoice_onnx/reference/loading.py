@@ -20,12 +20,12 @@ from torch import nn
 from ..checkpoints.configs import model_dims
 from ..checkpoints.files import CheckpointFiles, open_checkpoint, read_config
 from ..checkpoints.inspect import inspect_checkpoint
-from ..checkpoints.names import (
-    asr_codes_to_hf, large_to_hf, normalise_key, realtime_to_reference, tts_1p5b_to_hf,
-)
+from ..checkpoints.names import normalise_key, realtime_to_reference
 from ..errors import CheckpointError
+from ..families import family, load
 
 Rename = Callable[[str], "str | None"]  # None: a stored tensor the reference deliberately does not load
+HEAD = "lm_head.weight"
 
 
 def _listing(names: list[str], limit: int = 10) -> str:
@@ -190,7 +190,7 @@ def load_realtime(root: Path):
     check_layout(root)
     files = open_checkpoint(root)
     dims = model_dims(files.config, str(root / "config.json"))
-    if dims.kind != "realtime":
+    if not family(dims.kind).split_lm:  # RealtimeModel: a text-only LM under the TTS LM
         raise CheckpointError(f"{root}: is a {dims.kind} checkpoint, not realtime")
     print(f"loading {root} into the PyTorch reference", file=sys.stderr, flush=True)
     model = RealtimeModel(dims)
@@ -201,8 +201,8 @@ def load_realtime(root: Path):
 def load_transformers_model(root: Path, compact: bool = False):
     """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict); see
     load_into for `compact`."""
-    if model_dims(read_config(Path(root)), str(Path(root) / "config.json")).kind == "realtime":
-        return load_realtime(root)
+    if family(model_dims(read_config(Path(root)), str(Path(root) / "config.json")).kind).split_lm:
+        return load_realtime(root)  # transformers has no class for the realtime model
     return _load_hf(Path(root), compact, None)[0]
 
 
@@ -231,6 +231,15 @@ def stream_layers(model: nn.Module, deferred: dict[str, DeferredWeight], owners:
         model.get_submodule(owner).register_forward_hook(drop)
 
 
+def _to_transformers(names: str | None, tied_head: bool) -> tuple[Rename, tuple[str, ...]]:
+    """(hub name -> the transformers model's, the targets a checkpoint may lack). A tied head is the token
+    embedding: the 1.5B ships no tensor for it, the ASR-Streaming 1.5B one that upstream never reads (12.4)."""
+    rename = load(names) if names else (lambda name: name)
+    if not tied_head:
+        return rename, ()
+    return (lambda name: None if name == HEAD else rename(name)), (HEAD,)
+
+
 def _load_hf(root: Path, compact: bool, defer):
     report = check_layout(root)
     files = open_checkpoint(root)
@@ -242,20 +251,10 @@ def _load_hf(root: Path, compact: bool, defer):
     else:
         with torch.device("meta"):  # no memory until each tensor is loaded or given its placeholder
             model = build_hf_model(dims)
-    rename, allowed_absent = {
-        "1.5b": (tts_1p5b_to_hf, ("lm_head.weight",)),  # tied to embed_tokens: no tensor upstream
-        "large": (large_to_hf, ()),
-        "asr": (asr_codes_to_hf, ()),
-        "asr-hf": (lambda name: name, ()),
-        # the 1.5B's shipped head is never read: upstream ties the head to the embedding (facts sheet 12.4)
-        "asr-streaming": ((lambda name: None if name == "lm_head.weight" else asr_codes_to_hf(name), ("lm_head.weight",))
-                          if dims.lm.tied_embeddings else (asr_codes_to_hf, ())),
-    }[report["kind"]]
+    rename, allowed_absent = _to_transformers(family(report["kind"]).to_transformers, dims.lm.tied_embeddings)
     deferred = load_into(model, files, dims.kind, rename, allowed_absent, compact=compact, defer=defer)
     # Tied before a skeleton is checked for tensors without data: the head has none of its own.
-    if dims.kind == "1.5b":
-        model.tie_weights()
-    elif dims.kind == "asr-streaming" and dims.lm.tied_embeddings:  # transformers' ASR class declares no tying
+    if dims.lm.tied_embeddings:
         model.lm_head.weight = model.model.language_model.embed_tokens.weight
     if defer is not None:
         _materialise_computed_buffers(model)

@@ -13,19 +13,15 @@ import sys
 
 import torch
 
+from ..families import family, load
 from ..runtime.bench import result_of, bench_kind, timed_run
 from ..runtime.bundle import Bundle
 
 
 def reference_backend(kind: str, checkpoint: str):
-    if kind == "realtime":
-        from .loading import load_realtime
-        from .realtime import TorchRealtimeBackend
-
-        return TorchRealtimeBackend(load_realtime(checkpoint))
-    from .tts15b import TorchTts15bBackend, load_tts15b
-
-    return TorchTts15bBackend(load_tts15b(checkpoint))
+    """The PyTorch reference of the checkpoint behind the same interface as the runtime's backend."""
+    facts = family(kind)
+    return load(facts.torch_backend)(load(facts.reference)(checkpoint))
 
 
 @torch.no_grad()

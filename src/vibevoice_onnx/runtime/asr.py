@@ -13,6 +13,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, db_normalize, read_audio
 from ..errors import VibeVoiceError
+from ..families import family, kinds_that
 from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, transcribe_tokens
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
@@ -22,7 +23,7 @@ from .batch import BATCH_CAPACITY, MemberBackend, StreamBatch, row_executor
 from .lm import KvCache, OnnxLm, StreamingConv
 
 F32 = np.float32
-ASR_KINDS = ("asr", "asr-hf")
+ASR_KINDS = kinds_that(transcribes=True, streams=False)  # whole recordings (ASR-Streaming: runtime.asr_streaming)
 MAX_NEW_TOKENS = 32768  # upstream's demo
 
 
@@ -33,7 +34,7 @@ class OnnxAsrBackend:
     """Evaluates each ASR component with its ONNX graph; the KV cache is a list of arrays."""
 
     def __init__(self, bundle: Bundle):
-        bundle.require_kind(*ASR_KINDS, "asr-streaming")  # the same graphs; the streaming loop drives them its way
+        bundle.require_kind(*kinds_that(transcribes=True))  # the same graphs; the streaming loop drives them its way
         self.bundle = bundle
         (self.embed_table,) = bundle.host_tensors("embed_tokens")
         self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
@@ -138,7 +139,7 @@ class Transcriber(FromPretrained):
 
     def __init__(self, bundle: Bundle | str | Path, threads: int | None = None, force: bool = False):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(Path(bundle), threads=threads)
-        if self.bundle.kind == "asr-streaming":
+        if family(self.bundle.kind).streams_audio:
             raise VibeVoiceError(f"{self.bundle.path}: is an ASR-Streaming bundle: transcribe it with --stream (the "
                                  "CLI) or StreamingTranscriber (the API); its model is trained on that loop only")
         self.bundle.require_kind(*ASR_KINDS)  # before the admission rule: a TTS bundle is told it is one

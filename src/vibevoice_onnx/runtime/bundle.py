@@ -11,8 +11,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ..checkpoints.configs import KINDS, ModelDims, model_dims
+from ..checkpoints.configs import ModelDims, model_dims
 from ..errors import BundleError, VibeVoiceError
+from ..families import KINDS, family
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
 
@@ -429,7 +430,7 @@ class Bundle:
     def read_voice_source(self, path: Path):
         """A voice from a file as users have them (an upstream preset for realtime, any audio for 1.5B and Large),
         refused where it does not fit this model."""
-        if self.kind == "realtime":
+        if family(self.kind).voices == "preset":
             from ..voices import read_upstream_preset
 
             prompt = read_upstream_preset(Path(path))
@@ -441,7 +442,7 @@ class Bundle:
 
     def check_voice_file(self, path: Path):
         """Read a voice file of this bundle's kind, refusing one that does not fit the model."""
-        if self.kind == "realtime":
+        if family(self.kind).voices == "preset":
             prompt = load_voice(path)
             check_voice_fits(prompt, self.expected_voice_shapes(), str(path))
             return prompt

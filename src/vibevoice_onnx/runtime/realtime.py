@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import VibeVoiceError
+from ..families import family
 from ..generation.common import LmStream, whole_head_at
 from ..generation.realtime import POSITIONS_PER_TOKEN, TAIL_FRAMES, GenerationResult, TextSegments, realtime_frames
 from ..options import check, check_optional
@@ -30,6 +31,7 @@ from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, Stream
 from .speech import Speech, TtsModel
 
 F32 = np.float32
+DEFAULTS = family("realtime").defaults  # upstream's cfg_scale and steps
 # After the first frame, frames are decoded this many at a time: the decoder's weights are then read once per
 # group (1.4 GB in fp32 at full size), for audio that arrives in bursts of a group. Measured with `bench`.
 DECODE_GROUP = 3
@@ -259,8 +261,8 @@ class RealtimeTTS(TtsModel):
     def _backend(self) -> OnnxRealtimeBackend:
         return backend_for(self.bundle)
 
-    def stream(self, text: str, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
-               noise: NoiseSource | None = None, max_frames: int | None = None,
+    def stream(self, text: str, voice: str, cfg_scale: float = DEFAULTS.cfg_scale, steps: int = DEFAULTS.steps,
+               seed: int | None = None, noise: NoiseSource | None = None, max_frames: int | None = None,
                decode_group: int = DECODE_GROUP, batch: RealtimeBatch | None = None) -> Speech:
         """Speech of `text`; one longer than the model's context is spoken in segments (speech.segments > 1).
         With `batch` (see `batch()`), it runs batched with the batch's other streams, to the same audio."""
@@ -284,8 +286,8 @@ class RealtimeTTS(TtsModel):
         cost = lambda piece: len(tokenizer.encode(piece, add_special_tokens=False).ids)  # noqa: E731
         return [encode_tts_text(tokenizer, piece) for piece in split_text(text, cost, budget)]
 
-    def text_stream(self, voice: str, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
-                    noise: NoiseSource | None = None, max_frames: int | None = None,
+    def text_stream(self, voice: str, cfg_scale: float = DEFAULTS.cfg_scale, steps: int = DEFAULTS.steps,
+                    seed: int | None = None, noise: NoiseSource | None = None, max_frames: int | None = None,
                     decode_group: int = DECODE_GROUP, max_chars: int | None = None,
                     batch: RealtimeBatch | None = None) -> TextStream:
         """Speech of a text fed in pieces (see TextStream); each 5-token window runs as soon as it is complete."""
@@ -300,8 +302,9 @@ class RealtimeTTS(TtsModel):
                                  "have the shapes of one); batch streams on a bundle of the default profile")
         return RealtimeBatch(self.backend, max_streams)
 
-    def dialogue(self, script: str, voices: dict, cfg_scale: float = 1.5, steps: int = 5, seed: int | None = None,
-                 max_frames: int | None = None, turn_gap: float = 0.0, decode_group: int = DECODE_GROUP,
+    def dialogue(self, script: str, voices: dict, cfg_scale: float = DEFAULTS.cfg_scale, steps: int = DEFAULTS.steps,
+                 seed: int | None = None, max_frames: int | None = None, turn_gap: float = 0.0,
+                 decode_group: int = DECODE_GROUP,
                  batch: RealtimeBatch | None = None) -> Dialogue:
         """Speak a `Speaker N:` script, one line a turn: turn k (from 0) is `stream(its text, its speaker's
         voice, seed=seed + k)`, capped at `max_frames`, and `turn_gap` seconds of silence join the turns.

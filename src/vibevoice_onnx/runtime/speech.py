@@ -13,6 +13,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..errors import VibeVoiceError
+from ..families import family, kinds_that, load
 from ..generation.common import require_finite
 from ..options import check_optional
 from ..sampling import NoiseSource
@@ -114,12 +115,9 @@ class TtsModel(FromPretrained):
 
 def open_tts(bundle_dir: Path, threads: int | None = None, force: bool = False) -> TtsModel:
     """The API object for a TTS bundle of any kind."""
-    from .realtime import RealtimeTTS
-    from .tts15b import LargeTTS, LongFormTTS
-
     bundle = Bundle(Path(bundle_dir), threads=threads)
-    models = {"realtime": RealtimeTTS, "1.5b": LongFormTTS, "large": LargeTTS}
-    if bundle.kind not in models:
+    facts = family(bundle.kind)
+    if not facts.capabilities.speaks:
         raise VibeVoiceError(f"{bundle.path}: is a bundle of kind '{bundle.kind}', which does not speak (TTS kinds: "
-                             f"{', '.join(models)})")
-    return models[bundle.kind](bundle, force=force)
+                             f"{', '.join(kinds_that(speaks=True))})")
+    return load(facts.runtime)(bundle, force=force)

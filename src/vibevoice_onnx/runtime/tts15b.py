@@ -17,6 +17,7 @@ import numpy as np
 from ..audio import VoiceSample
 from ..checkpoints.configs import LONG_FORM_KINDS
 from ..errors import VibeVoiceError
+from ..families import family
 from ..generation.tts15b import (MAX_LENGTH_TIMES, LongFormResult, TokenIds, long_form_frames, prompt_embeddings,
                                  segmented_frames)
 from ..options import check, check_optional
@@ -28,6 +29,7 @@ from .lm import BatchedGuidedStreams, KvCache, OnnxDiffusionHead, OnnxLm, Stream
 from .speech import Speech, TtsModel
 
 F32 = np.float32
+DEFAULTS = family("1.5b").defaults  # upstream's demo, Large's too
 VOICE_LATENTS = ("sample", "mean")
 VOICE_NOISE_STREAM = 1 << 40  # the voice-prompt noise draws from its own stream of the seed (frames use 0, 1, ...)
 BENCH_SCRIPTS = (  # stream k of `bench --streams` speaks script k (cycled), with seed BENCH_SEED + k
@@ -238,8 +240,9 @@ class LongFormTTS(TtsModel):
         """A voice sample: one of the bundle's voices by name, an audio file or URL, or a VoiceSample as it is."""
         return spec if isinstance(spec, VoiceSample) else self.bundle.voice(str(spec))
 
-    def stream(self, script: str, speakers: Speakers, cfg_scale: float = 1.3, steps: int = 10, seed: int | None = None,
-               noise: NoiseSource | None = None, voice_latents: str = "sample", max_frames: int | None = None,
+    def stream(self, script: str, speakers: Speakers, cfg_scale: float = DEFAULTS.cfg_scale,
+               steps: int = DEFAULTS.steps, seed: int | None = None, noise: NoiseSource | None = None,
+               voice_latents: str = "sample", max_frames: int | None = None,
                batch: LongFormBatch | None = None) -> Speech:
         """Speech of a `Speaker N:` script (or plain text, one speaker). With `batch` (see `batch()`), it runs
         batched with the batch's other streams, to the same audio."""

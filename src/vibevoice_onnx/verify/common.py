@@ -17,10 +17,12 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
+from ..families import FAMILIES, family, load
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
 
+SEED = 1234  # the noise of the closed loops (each kind's gates)
 MIN_COSINE = 0.99  # a graph against itself (KV incremental == prefill, streamed == whole) at any precision
 SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
 SILENT_MAX_ABS = 1e-4
@@ -157,6 +159,22 @@ class Probe:
         cache = DynamicCache()
         lm_step(lm, self.tokens(count), np.arange(count)[None], cache)
         return cache
+
+
+def cfg_steps(ours, reference, probe: Probe) -> tuple[list, list]:
+    """Two sets of CFG streams given the same inputs: speech, a 3-token text window (positive only), then speech
+    twice; their outputs side by side."""
+    outputs, references = [], []
+    for step in range(4):
+        if step == 1:
+            embeds = probe.tokens(3)
+            outputs.append(ours.text(embeds))
+            references.append(reference.text(embeds))
+        else:
+            embeds = probe.tokens(1)
+            outputs += ours.speech(embeds)
+            references += reference.speech(embeds)
+    return outputs, references
 
 
 def lm_step(lm, embeds: np.ndarray, positions: np.ndarray, cache: DynamicCache) -> np.ndarray:
@@ -300,13 +318,11 @@ def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
 
 def gates_of(kind: str):
     """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
-    from . import asr, asr_streaming, realtime, tts15b
-
-    modules = {"realtime": realtime, "1.5b": tts15b, "large": tts15b, "asr": asr, "asr-hf": asr,
-               "asr-streaming": asr_streaming}
-    if kind not in modules:
-        raise VibeVoiceError(f"verifying {kind} bundles is not supported yet (supported: {', '.join(modules)})")
-    return modules[kind]
+    gates = family(kind).gates
+    if gates is None:
+        supported = ", ".join(f.name for f in FAMILIES if f.gates)
+        raise VibeVoiceError(f"verifying {kind} bundles is not supported yet (supported: {supported})")
+    return load(gates)
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
+from ..families import family
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
@@ -23,8 +24,8 @@ from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, cache_layers, compare, decoder_gates,
-    forced_gates, head_gate, lm_gates, lm_step, module_gate,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, cache_layers, cfg_steps, compare,
+    decoder_gates, forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
 CLOSED_LOOP_TEXT = (
@@ -32,7 +33,7 @@ CLOSED_LOOP_TEXT = (
     "one frame at a time."
 )
 CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first three text windows
-CFG_SCALE, STEPS, SEED = 1.5, 5, 1234  # upstream's defaults; the seed of the loop's noise
+CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # upstream's defaults
 
 
 def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe) -> Gate:
@@ -44,22 +45,6 @@ def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: 
     ours = runtime.guided_streams(positive, negative)
     separate = GuidedStreams(*(runtime.stream("upper_lm", layers, in_place=False) for layers in (positive, negative)))
     return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe))
-
-
-def cfg_steps(ours, reference, probe: Probe) -> tuple[list, list]:
-    """Two sets of CFG streams given the same inputs: speech, a 3-token text window (positive only), then speech
-    twice; their outputs side by side."""
-    outputs, references = [], []
-    for step in range(4):
-        if step == 1:
-            embeds = probe.tokens(3)
-            outputs.append(ours.text(embeds))
-            references.append(reference.text(embeds))
-        else:
-            embeds = probe.tokens(1)
-            outputs += ours.speech(embeds)
-            references += reference.speech(embeds)
-    return outputs, references
 
 
 def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log, limit: float) -> list[Gate]:

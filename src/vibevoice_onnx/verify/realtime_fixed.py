@@ -9,14 +9,16 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
+from ..families import family
 from ..generation.realtime import GenerationResult, realtime_frames
 from ..reference.realtime import RealtimeModel, TorchRealtimeBackend
 from ..runtime.bundle import Bundle
 from ..runtime.realtime import FixedRealtimeBackend, OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from .calibration import EOS, calibrated_gates
-from .common import Gate, Limits, Probe, cache_layers, compare, head_gate, lm_step, module_gate
-from .realtime import CFG_SCALE, SEED, STEPS, cfg_steps
+from .common import SEED, Gate, Limits, Probe, cache_layers, cfg_steps, compare, head_gate, lm_step, module_gate
+
+CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # as the default profile's
 
 
 def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: float) -> Gate:

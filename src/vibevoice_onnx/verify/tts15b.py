@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..audio import SAMPLE_RATE, db_normalize
+from ..families import family
 from ..generation.common import Teacher
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
 from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
@@ -30,7 +31,7 @@ from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .calibration import StepError, calibrated_gates, perturbed_runs, picks
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, compare, decoder_gates, forced_gates,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, compare, decoder_gates, forced_gates,
     head_gate, lm_gates, lm_step, module_gate,
 )
 
@@ -41,7 +42,7 @@ CLOSED_LOOP_SCRIPT = (
 )
 SEGMENT_LATENTS, SEGMENTS = 8, 3  # the forced schedule: three speech segments of eight latents
 FREE_STEPS = 12  # steps of the free-running loop
-CFG_SCALE, STEPS, SEED = 1.3, 10, 1234
+CFG_SCALE, STEPS = family("1.5b").defaults.cfg_scale, family("1.5b").defaults.steps  # upstream's demo
 
 
 def synthetic_voices() -> list[np.ndarray]:
