@@ -22,7 +22,7 @@ TEXT = "Hello there, this is the runtime speaking."
 
 def test_runtime_runs_with_torch_and_transformers_blocked(tiny_bundle, tmp_path):
     proc = run_torch_free(f"""
-import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.runtime.speak
+import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.commands.speak
 import vibevoice_onnx.runtime.voice_store, vibevoice_onnx.generation.realtime, vibevoice_onnx.voices
 from vibevoice_onnx.cli import main
 assert main(["voices", "list", {str(tiny_bundle)!r}]) == 0

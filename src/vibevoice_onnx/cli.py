@@ -108,7 +108,7 @@ def cmd_voices_list(args) -> int:
 
 
 def cmd_speak(args) -> int:
-    from .runtime.speak import SpeakOptions, read_text, speak
+    from .commands.speak import SpeakOptions, read_text, speak
 
     if args.raw and args.output:
         raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
@@ -757,6 +757,17 @@ def _quiet_broken_pipe() -> int:
 SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench", "serve")
 
 
+def _spelled(error: VibeVoiceError) -> str:
+    """An error's sentence, a request field named as its option (`--voice`)."""
+    from .requests import RequestError
+
+    if isinstance(error, RequestError):
+        from .commands import CLI_SPELLING
+
+        return error.spelled(CLI_SPELLING)
+    return str(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Without `argv` this is the process's own command line (the `vibevoice-onnx` script,
     `python -m vibevoice_onnx.cli`); called with a list, from Python code, it leaves the process's
@@ -775,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
             take_models(args)
         return args.func(args)
     except VibeVoiceError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_spelled(e)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         return _quiet_broken_pipe()
