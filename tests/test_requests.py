@@ -98,3 +98,19 @@ def test_an_items_voices_reach_the_model_as_given(tiny_15b_bundle, tmp_path, mon
 def test_an_items_speakers_must_be_numbered(tiny_15b_bundle, tmp_path):
     error = item_error(tiny_15b_bundle, tmp_path, {"script": THREE, "speakers": {"Alice": "alice"}})
     assert error == '"speakers" maps each speaker number to a voice: {"1": "alice", "2": "bob"}'
+
+
+def test_a_transcription_option_out_of_range_reads_the_same_from_the_server_and_an_item(tiny_asr_bundle, tmp_path):
+    from vibevoice_onnx.cluster.workers import TranscriptionWorker
+
+    audio = write_voice_sample(tmp_path / "talk.wav", seconds=1.0)
+    said = "{} must be a whole number from 1 to 131072, got 0.5"
+    with TestClient(create_app(Models.open([tiny_asr_bundle]), Settings())) as client:
+        response = client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "max_new_tokens": "0.5"},
+                               files={"file": ("talk.wav", audio.read_bytes(), "audio/wav")})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_new_tokens"
+    assert response.json()["error"]["message"] == said.format("max_new_tokens")
+    job = TranscriptionWorker(str(tiny_asr_bundle), str(tmp_path / "job"))
+    job.folder.prepare()
+    row = job.run({"id": "talk", "audio": str(audio), "max_new_tokens": 0.5})
+    assert row.status == "error" and row.error == said.format('"max_new_tokens"')

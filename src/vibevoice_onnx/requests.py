@@ -237,3 +237,34 @@ def is_script(kind: str, text: str) -> bool:
     from .script import has_labels
 
     return kind in LONG_FORM_KINDS or has_labels(text)
+
+
+@dataclass
+class TranscriptionRequest:
+    """Audio to transcribe and how: `hotwords` (names, terms) to steer the text, `seed` for the acoustic noise
+    (None: random), `max_new_tokens` (None: the runtime's cap), `mean_latents` (no noise at all)."""
+
+    hotwords: str | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    mean_latents: bool = False
+
+    def check(self) -> "TranscriptionRequest":
+        if self.hotwords is not None and not isinstance(self.hotwords, str):
+            raise RequestError("hotwords", f"{{field}} must be text, got {type(self.hotwords).__name__}")
+        if not isinstance(self.mean_latents, bool):
+            raise RequestError("mean_latents", f"{{field}} must be true or false, got {self.mean_latents!r}")
+        self.seed, self.max_new_tokens = checked("seed", self.seed), checked("max_new_tokens", self.max_new_tokens)
+        return self
+
+    def options(self) -> dict:
+        """The runtime's keyword arguments (Transcriber.transcribe), the request checked."""
+        self.check()
+        cap = {} if self.max_new_tokens is None else {"max_new_tokens": self.max_new_tokens}
+        return {"hotwords": self.hotwords, "seed": self.seed, "mean_latents": self.mean_latents, **cap}
+
+
+def transcribe(transcriber, audio, request: TranscriptionRequest, **hooks):
+    """Transcribe `audio` (a path, or samples with `sample_rate` in `hooks`) on an open Transcriber as `request`
+    asks; `hooks`: the runtime's callbacks (progress, on_segment, on_token) and batch."""
+    return transcriber.transcribe(audio, **request.options(), **hooks)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import StorageFull, VibeVoiceError
 from ..outputs import file_error, storage_full, writer_os_error
-from ..requests import RequestError, SpeechRequest, Spelling
+from ..requests import RequestError, SpeechRequest, Spelling, TranscriptionRequest, transcribe
 from .items import STOPPED, JobFolder, Row
 
 SYNTHESIS_FIELDS = {"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
@@ -155,15 +155,14 @@ class TranscriptionWorker(Worker):
 
     def make(self, item: dict, start: float) -> Row:
         from ..outputs import atomic_file
-        from ..runtime.asr import MAX_NEW_TOKENS
         from ..transcription import render
 
         _check_fields(item, TRANSCRIPTION_FIELDS)
         if not isinstance(item.get("audio"), str):
-            raise VibeVoiceError("the item has no \"audio\": give the recording's path")
-        result = self.transcriber.transcribe(Path(item["audio"]), hotwords=item.get("hotwords"), seed=item.get("seed"),
-                                             max_new_tokens=item.get("max_new_tokens") or MAX_NEW_TOKENS,
-                                             mean_latents=bool(item.get("mean_latents", False)))
+            raise RequestError("audio", "the item has no {audio}: give the recording's path")
+        request = TranscriptionRequest(item.get("hotwords"), item.get("seed"), item.get("max_new_tokens"),
+                                       bool(item.get("mean_latents", False)))
+        result = transcribe(self.transcriber, Path(item["audio"]), request)
         output = self.folder.output(item["id"])
         with atomic_file(output, "writing the transcript") as partial:
             partial.write_text(render("json", result.segments, result.text, result.raw), encoding="utf-8")

@@ -7,11 +7,11 @@ import base64
 import threading
 from dataclasses import dataclass
 
-from ..requests import RequestError, SpeechRequest, Spelling, is_script, start_speech
+from ..requests import RequestError, SpeechRequest, is_script, start_speech
 from ..runtime.speech import Speech
 from ..script import parse_script
 from .codec import FORMATS, StreamEncoder
-from .fields import served_model, take
+from .fields import api_error, served_model, take
 from .http import ApiError, sse_event
 from .models import Models, ServedModel
 
@@ -19,12 +19,6 @@ from .models import Models, ServedModel
 OPTIONS = ("seed", "cfg_scale", "steps", "max_frames")
 STREAM_FORMATS = ("audio", "sse")
 MAX_INSTRUCTIONS = 4096
-
-
-# How the HTTP API names a request's fields: as its JSON body does.
-HTTP_NAMES = {"text": "input", "speakers": "voice", "text_stream": "input"}
-HTTP_SPELLING = Spelling(lambda name: HTTP_NAMES.get(name, name),
-                         "a voice for Speaker {n} to 'voice' (comma-separated, in speaker order)")
 
 
 @dataclass
@@ -113,11 +107,6 @@ def start(call: SpeechCall) -> Speech:
     except RequestError as e:
         raise api_error(e) from None
 
-
-def api_error(error: RequestError) -> ApiError:
-    """A request layer's error as OpenAI's error body, its field as the body names it."""
-    return ApiError(400, error.spelled(HTTP_SPELLING), param=HTTP_NAMES.get(error.field, error.field),
-                    code=error.code)
 
 
 def usage(model: ServedModel, text: str, frames: int) -> dict:
