@@ -114,3 +114,19 @@ def test_a_transcription_option_out_of_range_reads_the_same_from_the_server_and_
     job.folder.prepare()
     row = job.run({"id": "talk", "audio": str(audio), "max_new_tokens": 0.5})
     assert row.status == "error" and row.error == said.format('"max_new_tokens"')
+
+
+def test_open_gives_each_bundle_its_runtime_object_and_the_package_import_stays_light(tiny_bundle, tiny_15b_bundle,
+                                                                                      tiny_asr_bundle):
+    import subprocess
+    import sys
+
+    import vibevoice_onnx
+    from vibevoice_onnx.runtime.asr import Transcriber
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+    from vibevoice_onnx.runtime.tts15b import LongFormTTS
+
+    for bundle, kind in ((tiny_bundle, RealtimeTTS), (tiny_15b_bundle, LongFormTTS), (tiny_asr_bundle, Transcriber)):
+        assert type(vibevoice_onnx.open(str(bundle))) is kind
+    light = "import sys, vibevoice_onnx; print(sorted(m for m in ('onnxruntime', 'numpy', 'torch') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True).stdout == "[]\n"
