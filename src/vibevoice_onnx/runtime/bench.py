@@ -326,7 +326,7 @@ def gate_status(bundle: Bundle) -> str:
 
 def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, threads: int | None, options: dict) -> dict:
     """The PyTorch reference on the same weights, text, voice and noise, in a child process (its own memory)."""
-    command = [sys.executable, "-m", "vibevoice_onnx.reference.timing", str(checkpoint), str(bundle_dir), voice,
+    command = [sys.executable, "-m", "vibevoice_onnx.commands.reference_timing", str(checkpoint), str(bundle_dir), voice,
                str(frames), str(threads or 0), json.dumps(options)]
     run = child_run(command, "the PyTorch reference run")
     return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}
