@@ -130,3 +130,13 @@ def test_open_gives_each_bundle_its_runtime_object_and_the_package_import_stays_
         assert type(vibevoice_onnx.open(str(bundle))) is kind
     light = "import sys, vibevoice_onnx; print(sorted(m for m in ('onnxruntime', 'numpy', 'torch') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+@pytest.mark.parametrize("item, sentence", [
+    ({"text": "Hello.", "voice": 5}, '"voice" must name a voice, got 5'),
+    ({"text": "Hello.", "voice_latents": "median"}, '"voice_latents" must be sample or mean, got \'median\''),
+    ({"text": "Hello.", "wav_format": "mp3"}, '"wav_format" must be one of pcm16, float32, got \'mp3\''),
+    ({"text": "Hello.", "seed": "seven"}, '"seed" must be a whole number from 0 to 9223372036854775807, got \'seven\''),
+])
+def test_an_items_values_of_the_wrong_kind_get_a_sentence_naming_the_field(tiny_bundle, tmp_path, item, sentence):
+    assert item_error(tiny_bundle, tmp_path, item) == sentence

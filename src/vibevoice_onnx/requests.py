@@ -14,7 +14,7 @@ from typing import Callable
 from .checkpoints.configs import LONG_FORM_KINDS
 from .errors import VibeVoiceError
 from .options import LIMITS, check
-from .script import parse_script
+from .script import has_labels, parse_script
 
 # Each TTS kind's generation defaults, upstream's demo (facts sheet 11.7). The one table every front-end reads:
 # at merge time it becomes the model families' record (families.py).
@@ -92,6 +92,8 @@ class SpeechRequest:
         if self.text is not None and self.max_chars is not None and len(self.text) > self.max_chars:
             raise RequestError("text", f"{{field}} is {len(self.text)} characters long, over the limit of "
                                        f"{self.max_chars}")
+        if self.voice is not None and (not isinstance(self.voice, str) or not self.voice.strip()):
+            raise RequestError("voice", f"{{field}} must name a voice, got {self.voice!r}")
         if self.voice_latents not in (None, "sample", "mean"):
             raise RequestError("voice_latents", f"{{field}} must be sample or mean, got {self.voice_latents!r}")
         if self.speakers is not None:
@@ -234,8 +236,6 @@ def _named(given: dict) -> str:
 
 def is_script(kind: str, text: str) -> bool:
     """Whether a text is spoken as a script: always by a long-form kind, by realtime when it has labels."""
-    from .script import has_labels
-
     return kind in LONG_FORM_KINDS or has_labels(text)
 
 
