@@ -108,33 +108,9 @@ def cmd_voices_list(args) -> int:
 
 
 def cmd_speak(args) -> int:
-    from .commands.speak import SpeakOptions, read_text, speak
+    from .commands.speak import speak_command
 
-    if args.raw and args.output:
-        raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
-    options = SpeakOptions(
-        voice=args.voice, speakers=args.speaker, voice_latents=args.voice_latents,
-        output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
-        cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
-        save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
-        raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
-        stream_input=args.stream_input, turn_gap=args.turn_gap,
-    )
-    if args.stream_input and (args.text is not None or args.file):
-        raise VibeVoiceError("--stream-input reads the text from standard input; give no TEXT or -f")
-    text = None if args.stream_input else read_text(args.text, Path(args.file) if args.file else None)
-    summary = speak(Path(args.bundle), text, options)
-    lines = [
-        f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
-        f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
-        f"first audio after {summary['first_audio_seconds']} s",
-    ]
-    if summary["clipped_samples"]:
-        lines.append(f"warning: {summary['clipped_samples']} samples beyond ±1 were clipped (--wav-format float32 keeps them)")
-    if summary["output"]:
-        lines.append(f"wrote {summary['output']}")
-    print("\n".join(lines), file=sys.stderr)
-    return 0
+    return speak_command(args)
 
 
 def cmd_decode(args) -> int:
@@ -192,22 +168,9 @@ def cmd_batch(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .runtime.bench import bench, format_report, plot
+    from .commands.bench import bench_command
 
-    report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
-                   reference=Path(args.reference) if args.reference else None, threads=args.threads,
-                   decode_group=args.decode_group, streams=args.streams,
-                   audio=[Path(path) for path in args.audio or ()],
-                   against=Path(args.against) if args.against else None)
-    if args.plot:
-        plot(report, Path(args.plot))
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    from .runtime.bench import record_bench
-
-    command = f"vibevoice-onnx bench BUNDLE --frames {args.frames}" + (f" --streams {args.streams}" if args.streams > 1 else "")
-    if record_bench(Path(args.bundle), report, command, args.threads):
-        print(f"recorded these numbers in {Path(args.bundle) / 'manifest.json'} (bench)", file=sys.stderr)
-    return 0
+    return bench_command(args)
 
 
 def cmd_push(args) -> int:

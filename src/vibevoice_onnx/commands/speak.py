@@ -207,3 +207,32 @@ def speak_with(tts, request: SpeechRequest, options: SpeakOptions, log=None, loa
         "clipped_samples": sink.clipped,
         "output": None if options.raw else str(options.output),
     }
+
+
+def speak_command(args) -> int:
+    """`vibevoice-onnx speak` as parsed: speak, then report the run on standard error."""
+    if args.raw and args.output:
+        raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
+    options = SpeakOptions(
+        voice=args.voice, speakers=args.speaker, voice_latents=args.voice_latents,
+        output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
+        cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
+        save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
+        raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
+        stream_input=args.stream_input, turn_gap=args.turn_gap,
+    )
+    if args.stream_input and (args.text is not None or args.file):
+        raise VibeVoiceError("--stream-input reads the text from standard input; give no TEXT or -f")
+    text = None if args.stream_input else read_text(args.text, Path(args.file) if args.file else None)
+    summary = speak(Path(args.bundle), text, options)
+    lines = [
+        f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
+        f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
+        f"first audio after {summary['first_audio_seconds']} s",
+    ]
+    if summary["clipped_samples"]:
+        lines.append(f"warning: {summary['clipped_samples']} samples beyond ±1 were clipped (--wav-format float32 keeps them)")
+    if summary["output"]:
+        lines.append(f"wrote {summary['output']}")
+    print("\n".join(lines), file=sys.stderr)
+    return 0
