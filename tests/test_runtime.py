@@ -22,7 +22,7 @@ TEXT = "Hello there, this is the runtime speaking."
 
 def test_runtime_runs_with_torch_and_transformers_blocked(tiny_bundle, tmp_path):
     proc = run_torch_free(f"""
-import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.runtime.speak
+import vibevoice_onnx.runtime.bundle, vibevoice_onnx.runtime.realtime, vibevoice_onnx.commands.speak
 import vibevoice_onnx.runtime.voice_store, vibevoice_onnx.generation.realtime, vibevoice_onnx.voices
 from vibevoice_onnx.cli import main
 assert main(["voices", "list", {str(tiny_bundle)!r}]) == 0
@@ -323,3 +323,20 @@ def test_a_run_of_known_length_sizes_its_caches_once_and_gives_the_same_latents(
     unplanned = run()
     assert grown  # without a plan the same run passes its first capacity and doubles
     np.testing.assert_array_equal(planned, unplanned)
+
+
+def test_bench_runs_without_the_onnx_package(tiny_bundle, tmp_path):
+    """The torch-free install has onnxruntime but not onnx: bench's bandwidth probe builds its graph itself."""
+    bundle = copy_bundle(tiny_bundle, tmp_path / "bundle")
+    proc = run_torch_free(f"""
+class BlockOnnx:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "onnx":
+            raise ImportError(f"blocked import of {{name}}")
+sys.meta_path.insert(0, BlockOnnx())
+from vibevoice_onnx.cli import main
+assert main(["bench", {str(bundle)!r}, "--frames", "2", "--json"]) == 0
+assert "onnx" not in sys.modules
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-free ok" in proc.stdout

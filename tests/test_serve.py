@@ -397,13 +397,13 @@ def test_segment_stream_sends_each_segment_once_and_adds_up_to_the_text():
 
 def test_a_parsed_transcript_gets_openai_shapes(models):
     from vibevoice_onnx.runtime.asr import Transcript
-    from vibevoice_onnx.serve.transcriptions import TranscriptionRequest, respond
+    from vibevoice_onnx.serve.transcriptions import TranscriptionCall, respond
     from vibevoice_onnx.transcription import parse_transcript
 
     output = '[{"Start": 0.5, "End": 2.25, "Speaker": 0, "Content": "Good morning."}]'
     segments, note = parse_transcript(output)
     transcript = Transcript(segments, output, output + "<|im_end|>", [], note, 3.0)
-    request = TranscriptionRequest(models.by_id[ids(models)[2]], "verbose_json", None, "en", False, {})
+    request = TranscriptionCall(models.by_id[ids(models)[2]], "verbose_json", None, "en", False, {})
     body = respond(transcript, request)
     assert body["text"] == "Good morning." and body["language"] == "en" and "warning" not in body
     assert body["segments"] == [{"id": 0, "seek": 0, "start": 0.5, "end": 2.25, "text": "Good morning.", "tokens": [],

@@ -108,33 +108,9 @@ def cmd_voices_list(args) -> int:
 
 
 def cmd_speak(args) -> int:
-    from .runtime.speak import SpeakOptions, read_text, speak
+    from .commands.speak import speak_command
 
-    if args.raw and args.output:
-        raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
-    options = SpeakOptions(
-        voice=args.voice, speakers=args.speaker, voice_latents=args.voice_latents,
-        output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
-        cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
-        save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
-        raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
-        stream_input=args.stream_input, turn_gap=args.turn_gap,
-    )
-    if args.stream_input and (args.text is not None or args.file):
-        raise VibeVoiceError("--stream-input reads the text from standard input; give no TEXT or -f")
-    text = None if args.stream_input else read_text(args.text, Path(args.file) if args.file else None)
-    summary = speak(Path(args.bundle), text, options)
-    lines = [
-        f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
-        f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
-        f"first audio after {summary['first_audio_seconds']} s",
-    ]
-    if summary["clipped_samples"]:
-        lines.append(f"warning: {summary['clipped_samples']} samples beyond ±1 were clipped (--wav-format float32 keeps them)")
-    if summary["output"]:
-        lines.append(f"wrote {summary['output']}")
-    print("\n".join(lines), file=sys.stderr)
-    return 0
+    return speak_command(args)
 
 
 def cmd_decode(args) -> int:
@@ -156,100 +132,6 @@ def cmd_decode(args) -> int:
     return 0
 
 
-def cmd_transcribe(args) -> int:
-    """Each input transcribed in turn; one that fails is reported and the others still get their results."""
-    if args.stream:
-        return stream_transcription(args)
-    if args.realtime or args.sample_rate or args.max_tokens_per_chunk:
-        raise VibeVoiceError("--realtime, --sample-rate and --max-tokens-per-chunk go with --stream")
-    if "-" in args.audio:
-        raise VibeVoiceError("audio from standard input ('-') is streamed: add --stream (with an ASR-Streaming bundle)")
-    form = args.format or "json"
-    from .outputs import atomic_file, check_output_file
-    from .runtime.asr import MAX_NEW_TOKENS, Transcriber
-    from .transcription import render
-
-    inputs = [Path(a) for a in args.audio]
-    several = len(inputs) > 1
-    target = Path(args.output) if args.output else None
-    if target is not None and several:
-        if target.exists() and not target.is_dir():
-            raise VibeVoiceError(f"{target}: is a file; with several inputs, -o names a directory")
-        target.mkdir(parents=True, exist_ok=True)
-    elif target is not None:
-        check_output_file(target)
-    transcriber = Transcriber(Path(args.bundle), threads=args.threads, force=args.force)
-    failures = 0
-    for path in inputs:
-        def progress(tokens, seconds, name=path.name):
-            if tokens % 16 == 0:
-                print(f"\r{name}: {tokens} tokens, {tokens / max(seconds, 1e-9):.1f} tokens/s", end="", file=sys.stderr, flush=True)
-
-        def encoded(done, total, name=path.name):
-            print(f"\r{name}: encoded {done} of {total} 60 s segments", end="", file=sys.stderr, flush=True)
-
-        try:
-            print(f"{path.name}: encoding", file=sys.stderr, flush=True)
-            result = transcriber.transcribe(path, hotwords=args.hotwords, max_new_tokens=args.max_new_tokens or MAX_NEW_TOKENS,
-                                            seed=args.seed, mean_latents=args.mean_latents, progress=progress,
-                                            on_segment=encoded)
-        except VibeVoiceError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failures += 1
-            continue
-        print(f"\r{path.name}: {len(result.tokens)} tokens, {len(result.segments)} segments, {result.audio_seconds:.2f} s of "
-              f"audio, {result.timings['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
-        if result.note:
-            print(f"warning: {path.name}: {result.note}", file=sys.stderr)
-        text = render(form, result.segments, result.text, result.raw)
-        if target is None:
-            sys.stdout.write(text)
-            continue
-        out = target / f"{path.stem}.{form}" if several else target
-        with atomic_file(out, f"writing the {form} transcript") as partial:
-            partial.write_text(text, encoding="utf-8")
-    if failures:
-        raise VibeVoiceError(f"{failures} of {len(inputs)} input(s) could not be transcribed (see above)")
-    return 0
-
-
-def stream_transcription(args) -> int:
-    """`transcribe --stream`: each chunk's text printed as soon as it is decoded (a line each: its span and text,
-    or a JSON object with --format json); how long after its audio each came, on standard error."""
-    from .generation.asr_streaming import MAX_TOKENS_PER_CHUNK
-    from .runtime.asr_streaming import StreamingTranscriber, audio_pieces
-
-    if len(args.audio) != 1:
-        raise VibeVoiceError("--stream transcribes one input (a file, or '-' for PCM on standard input)")
-    form = args.format or "txt"
-    if form not in ("txt", "json") or args.output or args.max_new_tokens:
-        raise VibeVoiceError("--stream prints each chunk as it comes: --format txt (the default) or json (JSON Lines); "
-                             "no -o or --max-new-tokens (see --max-tokens-per-chunk)")
-    source = args.audio[0]
-    live = StreamingTranscriber(Path(args.bundle), hotwords=args.hotwords, seed=args.seed, mean_latents=args.mean_latents,
-                                max_tokens_per_chunk=args.max_tokens_per_chunk or MAX_TOKENS_PER_CHUNK, threads=args.threads,
-                                force=args.force)
-    rate = args.sample_rate or live.geometry.sample_rate
-    print(f"{source}: {live.geometry.describe()}{'; paced at the speed of speech' if args.realtime else ''}",
-          file=sys.stderr, flush=True)
-    for piece, due in audio_pieces(source, rate, args.realtime):
-        for chunk in live.feed(piece, rate):
-            _print_chunk(chunk, form, chunk.ready_at - due)
-    for chunk in live.finish():  # the end of the audio is what the last windows waited for
-        _print_chunk(chunk, form, chunk.seconds)
-    print(f"{len(live.chunks)} chunks, {live.seconds:.2f} s of audio", file=sys.stderr)
-    return 0
-
-
-def _print_chunk(chunk, form: str, latency: float) -> None:
-    if form == "json":
-        print(json.dumps(chunk.message(), ensure_ascii=False), flush=True)
-    else:
-        print(f"[{chunk.start:7.2f} - {chunk.end:7.2f}] {chunk.text.strip()}", flush=True)
-    print(f"chunk {chunk.index}: text {latency:.2f} s after its audio ({chunk.seconds:.2f} s to decode, "
-          f"{len(chunk.tokens)} tokens, {chunk.stop_reason})", file=sys.stderr, flush=True)
-
-
 def _item_defaults(text: str | None) -> dict:
     if text is None:
         return {}
@@ -261,6 +143,12 @@ def _item_defaults(text: str | None) -> dict:
         raise VibeVoiceError("--defaults takes a JSON object of item fields other than \"id\", such as "
                              "'{\"max_new_tokens\": 2000}'")
     return defaults
+
+
+def cmd_transcribe(args) -> int:
+    from .commands.transcribe import transcribe_files
+
+    return transcribe_files(args)
 
 
 def cmd_batch(args) -> int:
@@ -280,22 +168,9 @@ def cmd_batch(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .runtime.bench import bench, format_report, plot
+    from .commands.bench import bench_command
 
-    report = bench(Path(args.bundle), frames=args.frames, voice=args.voice,
-                   reference=Path(args.reference) if args.reference else None, threads=args.threads,
-                   decode_group=args.decode_group, streams=args.streams,
-                   audio=[Path(path) for path in args.audio or ()],
-                   against=Path(args.against) if args.against else None)
-    if args.plot:
-        plot(report, Path(args.plot))
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    from .runtime.bench import record_bench
-
-    command = f"vibevoice-onnx bench BUNDLE --frames {args.frames}" + (f" --streams {args.streams}" if args.streams > 1 else "")
-    if record_bench(Path(args.bundle), report, command, args.threads):
-        print(f"recorded these numbers in {Path(args.bundle) / 'manifest.json'} (bench)", file=sys.stderr)
-    return 0
+    return bench_command(args)
 
 
 def cmd_push(args) -> int:
@@ -757,6 +632,17 @@ def _quiet_broken_pipe() -> int:
 SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench", "serve")
 
 
+def _spelled(error: VibeVoiceError) -> str:
+    """An error's sentence, a request field named as its option (`--voice`)."""
+    from .requests import RequestError
+
+    if isinstance(error, RequestError):
+        from .commands import CLI_SPELLING
+
+        return error.spelled(CLI_SPELLING)
+    return str(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Without `argv` this is the process's own command line (the `vibevoice-onnx` script,
     `python -m vibevoice_onnx.cli`); called with a list, from Python code, it leaves the process's
@@ -775,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
             take_models(args)
         return args.func(args)
     except VibeVoiceError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_spelled(e)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         return _quiet_broken_pipe()

@@ -13,11 +13,14 @@ from pathlib import Path
 
 from ..errors import StorageFull, VibeVoiceError
 from ..outputs import file_error, storage_full, writer_os_error
+from ..requests import RequestError, SpeechRequest, Spelling, TranscriptionRequest, transcribe
 from .items import STOPPED, JobFolder, Row
 
 SYNTHESIS_FIELDS = {"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
                     "wav_format", "turn_gap", "voice_latents", "response_format"}
 TRANSCRIPTION_FIELDS = {"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents"}
+# How an item names a request's fields in its row's error: as its JSON key.
+ITEM_SPELLING = Spelling(lambda name: f'"{name}"', '"speakers": {{"{n}": VOICE}}')
 
 
 class Worker:
@@ -48,7 +51,8 @@ class Worker:
         except (VibeVoiceError, ValueError, TypeError, OSError) as e:
             if storage_full(e):
                 return self._stopped(item, start, e)
-            row = Row(item["id"], "error", None, None, None, round(time.perf_counter() - start, 3), str(e))
+            message = e.spelled(ITEM_SPELLING) if isinstance(e, RequestError) else str(e)
+            row = Row(item["id"], "error", None, None, None, round(time.perf_counter() - start, 3), message)
         row.worker = self.name
         try:
             self.folder.write_row(row)
@@ -98,33 +102,44 @@ class SynthesisWorker(Worker):
         self.tts = open_tts(Path(bundle), threads=threads, force=force)
 
     def make(self, item: dict, start: float) -> Row:
-        from ..runtime.speak import SpeakOptions, speak_with
+        from ..commands.speak import WAV_SUBTYPES, SpeakOptions, speak_with
 
         _check_fields(item, SYNTHESIS_FIELDS)
-        text = item.get("text", item.get("script"))
-        if not isinstance(text, str) or not text.strip():
-            raise VibeVoiceError("the item has no text: give \"text\" (or \"script\") as a non-empty string")
         if item.get("response_format", "wav") != "wav":
-            raise VibeVoiceError(f"response_format '{item['response_format']}': batch jobs write WAV files")
-        speakers = item.get("speakers")
-        if speakers is not None and not isinstance(speakers, dict):
-            raise VibeVoiceError("\"speakers\" maps each speaker number to a voice: {\"1\": \"alice\", \"2\": \"bob\"}")
-        voice = item.get("voice")
-        if self.tts.kind != "realtime" and speakers is None:
-            if voice is None:
-                raise VibeVoiceError(f"a {self.tts.kind} bundle needs a voice sample: give \"voice\" (one speaker) "
-                                     "or \"speakers\": {\"1\": VOICE, ...}")
-            speakers, voice = {None: voice}, None  # a long-form bundle's one speaker
+            raise RequestError("response_format", f"{{field}} '{item['response_format']}': batch jobs write WAV files")
+        wav_format = item.get("wav_format", "pcm16")
+        if wav_format not in WAV_SUBTYPES:
+            raise RequestError("wav_format", f"{{field}} must be one of {', '.join(WAV_SUBTYPES)}, got {wav_format!r}")
         output = self.folder.output(item["id"])
-        options = SpeakOptions(voice=voice, output=output, seed=item.get("seed"), cfg_scale=item.get("cfg_scale"),
-                               steps=item.get("steps"), max_frames=item.get("max_frames"),
-                               wav_format=item.get("wav_format", "pcm16"), turn_gap=item.get("turn_gap"),
-                               voice_latents=item.get("voice_latents"),
-                               speakers=None if speakers is None else [
-                                   str(voice) if number is None else f"{number}={voice}"
-                                   for number, voice in speakers.items()])
-        summary = speak_with(self.tts, text, options)
+        summary = speak_with(self.tts, item_request(item, self.tts.kind), SpeakOptions(output=output,
+                                                                                   wav_format=wav_format))
         return Row(item["id"], "ok", str(output), summary["audio_seconds"], None, round(time.perf_counter() - start, 3))
+
+
+def item_request(item: dict, kind: str) -> SpeechRequest:
+    """A synthesis item as the request layer's request: {"text" | "script", "voice" | "speakers": {N: VOICE}, and
+    speak's options}; a long-form bundle's "voice" is its script's one speaker."""
+    text = item.get("text", item.get("script"))
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError("text", "the item has no text: give {text} (or {script}) as a non-empty string")
+    speakers, voice = item.get("speakers"), item.get("voice")
+    if speakers is not None:
+        speakers = _speaker_numbers(speakers)
+    elif kind != "realtime" and voice is not None:
+        speakers, voice = {None: voice}, None
+    elif kind != "realtime":
+        raise RequestError("speakers", f"a {kind} bundle needs a voice sample: give {{voice}} (one speaker) or "
+                                       "{entry}", 1)
+    options = {name: item.get(name) for name in ("seed", "cfg_scale", "steps", "max_frames", "turn_gap",
+                                                 "voice_latents")}
+    return SpeechRequest(text, voice=voice, speakers=speakers, **options)
+
+
+def _speaker_numbers(speakers) -> dict:
+    """{"1": VOICE, ...} with its keys as the script's speaker numbers (JSON keys are strings)."""
+    if not isinstance(speakers, dict) or not all(isinstance(k, str) and k.isdigit() for k in speakers):
+        raise RequestError("speakers", "{field} maps each speaker number to a voice: {{\"1\": \"alice\", \"2\": \"bob\"}}")
+    return {int(number): voice for number, voice in speakers.items()}
 
 
 class TranscriptionWorker(Worker):
@@ -140,15 +155,14 @@ class TranscriptionWorker(Worker):
 
     def make(self, item: dict, start: float) -> Row:
         from ..outputs import atomic_file
-        from ..runtime.asr import MAX_NEW_TOKENS
         from ..transcription import render
 
         _check_fields(item, TRANSCRIPTION_FIELDS)
         if not isinstance(item.get("audio"), str):
-            raise VibeVoiceError("the item has no \"audio\": give the recording's path")
-        result = self.transcriber.transcribe(Path(item["audio"]), hotwords=item.get("hotwords"), seed=item.get("seed"),
-                                             max_new_tokens=item.get("max_new_tokens") or MAX_NEW_TOKENS,
-                                             mean_latents=bool(item.get("mean_latents", False)))
+            raise RequestError("audio", "the item has no {audio}: give the recording's path")
+        request = TranscriptionRequest(item.get("hotwords"), item.get("seed"), item.get("max_new_tokens"),
+                                       bool(item.get("mean_latents", False)))
+        result = transcribe(self.transcriber, Path(item["audio"]), request)
         output = self.folder.output(item["id"])
         with atomic_file(output, "writing the transcript") as partial:
             partial.write_text(render("json", result.segments, result.text, result.raw), encoding="utf-8")

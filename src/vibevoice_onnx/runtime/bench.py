@@ -83,19 +83,51 @@ def memory_bandwidth(threads: int | None, megabytes: int = 512, repeats: int = 1
     down to one number runs on one thread: on 2 cores it read 15 GB/s where row sums (and an fp32 GEMV as the
     LMs run it) read 26-29."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
     rows = 256
-    weight = numpy_helper.from_array(np.ones((rows, megabytes * 2**20 // 4 // rows), np.float32), "weight")
-    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
-    graph = helper.make_graph([helper.make_node("ReduceSum", ["weight", "axes"], ["sums"], keepdims=0)], "bandwidth", [],
-                              [helper.make_tensor_value_info("sums", TensorProto.FLOAT, [rows])], [weight, axes])
     options = cpu_session_options(threads)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString(),
-                                   options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(row_sums_model(rows, megabytes * 2**20 // 4 // rows), options,
+                                   providers=["CPUExecutionProvider"])
     best = min(_timed(lambda: session.run(None, {})) for _ in range(repeats))
     return megabytes * 2**20 / best
+
+
+def row_sums_model(rows: int, columns: int) -> bytes:
+    """An ONNX model (opset 18) whose one node sums each row of a float32 weight of ones [rows, columns] held as
+    an initializer, serialised here field by field: the torch-free install has onnxruntime but not the onnx
+    package, and this is the only graph the runtime builds."""
+
+    def varint(value: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+            value >>= 7
+            if not value:
+                return bytes(out)
+
+    def number(field: int, value: int) -> bytes:
+        return varint(field << 3) + varint(value)
+
+    def nested(field: int, *parts: bytes) -> bytes:
+        data = b"".join(parts)
+        return varint(field << 3 | 2) + varint(len(data)) + data
+
+    def text(field: int, value: str) -> bytes:
+        return nested(field, value.encode())
+
+    def tensor(name: str, dims: list[int], data_type: int, raw: bytes) -> bytes:  # TensorProto
+        return b"".join(number(1, d) for d in dims) + number(2, data_type) + text(8, name) + nested(9, raw)
+
+    float_type, int64_type = 1, 7
+    weight = tensor("weight", [rows, columns], float_type, np.ones((rows, columns), "<f4").tobytes())
+    axes = tensor("axes", [1], int64_type, np.array([1], "<i8").tobytes())
+    keepdims = text(1, "keepdims") + number(3, 0) + number(20, 2)  # AttributeProto: INT 0
+    node = text(1, "weight") + text(1, "axes") + text(2, "sums") + text(4, "ReduceSum") + nested(5, keepdims)
+    sums_type = nested(1, number(1, float_type), nested(2, nested(1, number(1, rows))))  # TypeProto.Tensor
+    sums = text(1, "sums") + nested(2, sums_type)  # ValueInfoProto
+    graph = nested(1, node) + text(2, "bandwidth") + nested(5, weight) + nested(5, axes) + nested(12, sums)
+    return number(1, 8) + nested(7, graph) + nested(8, text(1, "") + number(2, 18))  # ir_version 8, opset 18
 
 
 def _timed(work) -> float:
@@ -294,7 +326,7 @@ def gate_status(bundle: Bundle) -> str:
 
 def run_reference(checkpoint: Path, bundle_dir: Path, voice: str, frames: int, threads: int | None, options: dict) -> dict:
     """The PyTorch reference on the same weights, text, voice and noise, in a child process (its own memory)."""
-    command = [sys.executable, "-m", "vibevoice_onnx.reference.timing", str(checkpoint), str(bundle_dir), voice,
+    command = [sys.executable, "-m", "vibevoice_onnx.commands.reference_timing", str(checkpoint), str(bundle_dir), voice,
                str(frames), str(threads or 0), json.dumps(options)]
     run = child_run(command, "the PyTorch reference run")
     return {**run, "growth": growth(run), "peak_memory_bytes": peak_memory_bytes(children=True)}

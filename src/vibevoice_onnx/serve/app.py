@@ -412,10 +412,7 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
         if parsed.model.kind != "realtime":
             raise ApiError(400, f"model '{run.model}' is a {parsed.model.kind} model: text streams into realtime models "
                            "only", param="model")
-        if len(parsed.voices) != 1:
-            raise ApiError(400, "a streamed text takes one voice", param="voice")
-        generation = parsed.model.runner.text_stream(parsed.voices[0], max_chars=settings.max_input_chars,
-                                                     **parsed.options, **parsed.model.batched)
+        generation = speech_route.start(parsed)
         if parsed.text:
             generation.feed(parsed.text)
         run.audio_seconds = lambda: generation.audio_seconds

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from ..errors import VibeVoiceError
 from ..options import check
+from ..requests import RequestError, Spelling
 from .http import ApiError
+
+# How the HTTP API names a request's fields: as its JSON body or form does.
+HTTP_NAMES = {"text": "input", "speakers": "voice", "text_stream": "input", "hotwords": "prompt"}
+HTTP_SPELLING = Spelling(lambda name: HTTP_NAMES.get(name, name),
+                         "a voice for Speaker {n} to 'voice' (comma-separated, in speaker order)")
 
 _NAMES = {str: "a string", int: "a whole number", float: "a number", bool: "true or false", dict: "an object"}
 
@@ -69,3 +75,9 @@ def served_model(models, name: str, task: str):
         return models.get(name, task)
     except VibeVoiceError as e:
         raise ApiError(404, str(e), param="model", code="model_not_found") from None
+
+
+def api_error(error: RequestError) -> ApiError:
+    """A request layer's error as OpenAI's error body, its field as the body names it."""
+    return ApiError(400, error.spelled(HTTP_SPELLING), param=HTTP_NAMES.get(error.field, error.field),
+                    code=error.code)

@@ -49,20 +49,16 @@ class ServedModel:
     def voices(self) -> list[str]:
         return self.bundle.voices() if self.task == "tts" else []
 
-    def resolve_voice(self, name: str) -> str:
-        """A bundle voice by its name, or an OpenAI voice name by its alias; anything else is refused (a
-        voice here is never a path: 1.5B's API would read one)."""
+    def alias(self, name: str) -> str:
+        """The bundle voice an OpenAI voice name or an alias stands for; any other name as it is (the request
+        layer checks it is a voice of the bundle: here a voice is never a path, which 1.5B's API would read)."""
         voices = self.voices()
-        if name in voices:
+        if name in voices or name not in self.aliases and name not in OPENAI_VOICES:
             return name
-        if name in self.aliases or name in OPENAI_VOICES:
-            target = self.aliases.get(name) or OPENAI_VOICES[name]
-            if target in voices:
-                return target
-            if name not in self.aliases and voices:
-                return voices[0]
-        listed = ", ".join(voices) or "none; import one with `vibevoice-onnx voices import`"
-        raise VibeVoiceError(f"model '{self.id}' has no voice '{name}' (voices: {listed})")
+        target = self.aliases.get(name) or OPENAI_VOICES[name]
+        if target in voices:
+            return target
+        return voices[0] if name not in self.aliases and voices else name
 
     def describe(self) -> dict:
         return {"id": self.id, "object": "model", "created": int(self.bundle.path.stat().st_mtime),

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import base64
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..errors import VibeVoiceError
+from ..requests import RequestError, SpeechRequest, is_script, start_speech
 from ..runtime.speech import Speech
-from ..script import has_labels, parse_script
-from ..checkpoints.configs import LONG_FORM_KINDS
+from ..script import parse_script
 from .codec import FORMATS, StreamEncoder
-from .fields import option, served_model, take
+from .fields import api_error, served_model, take
 from .http import ApiError, sse_event
 from .models import Models, ServedModel
 
@@ -23,14 +22,17 @@ MAX_INSTRUCTIONS = 4096
 
 
 @dataclass
-class SpeechRequest:
+class SpeechCall:
+    """A speech request as the server takes it: the model, the request layer's request, and the response."""
+
     model: ServedModel
-    text: str
-    voices: list[str]  # in speaker order for a script; one voice for plain text
+    request: SpeechRequest
     response_format: str = "mp3"
     stream_format: str = "audio"
-    options: dict = field(default_factory=dict)
-    turn_gap: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.request.text or ""
 
     @property
     def media_type(self) -> str:
@@ -38,9 +40,10 @@ class SpeechRequest:
 
 
 def parse_speech(body, models: Models, max_chars: int, max_frames: int | None = None,
-                 text_required: bool = True) -> SpeechRequest:
-    """Every field of a speech request checked, as OpenAI's contract has them, plus OPTIONS; `max_frames`
-    (the server's --max-frames) caps what a request may ask for and applies when it asks for nothing."""
+                 text_required: bool = True) -> SpeechCall:
+    """Every field of a speech request taken, as OpenAI's contract has them, plus OPTIONS; `max_frames` (the
+    server's --max-frames) caps what a request may ask for and applies when it asks for nothing. Ranges and
+    voices are the request layer's to check (`start`); `text_required` False: the text streams in after."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     model = served_model(models, take(body, "model", str, required=True), "tts")
@@ -55,20 +58,18 @@ def parse_speech(body, models: Models, max_chars: int, max_frames: int | None = 
                        "after the fact would change the voice; send 1.0 or leave it out", param="speed",
                        code="unsupported_value")
     take(body, "instructions", str, max_length=MAX_INSTRUCTIONS)  # accepted; these models take no instructions
-    request = SpeechRequest(
-        model, text, _voices(body, model, text),
-        take(body, "response_format", str, default="mp3", choices=tuple(FORMATS)),
-        take(body, "stream_format", str, default="audio", choices=STREAM_FORMATS),
-        {name: value for name in OPTIONS if (value := option(body, name)) is not None},
-        option(body, "turn_gap", 0.0),
-    )
+    options = {name: take(body, name, float) for name in (*OPTIONS, "turn_gap")}
     if max_frames is not None:
-        request.options["max_frames"] = min(request.options.get("max_frames", max_frames), max_frames)
-    return request
+        options["max_frames"] = max_frames if options["max_frames"] is None else min(options["max_frames"], max_frames)
+    request = SpeechRequest(text, **_voices(body, model, text, text_required), **options, max_chars=max_chars,
+                            text_stream=not text_required, voice_files=False, extra=model.batched)
+    return SpeechCall(model, request, take(body, "response_format", str, default="mp3", choices=tuple(FORMATS)),
+                      take(body, "stream_format", str, default="audio", choices=STREAM_FORMATS))
 
 
-def _voices(body: dict, model: ServedModel, text: str) -> list[str]:
-    """The `voice` field: a name, `{"id": name}`, or a comma list in speaker order for a script."""
+def _voices(body: dict, model: ServedModel, text: str, whole_text: bool) -> dict:
+    """The `voice` field: a name, `{"id": name}`, or a comma list in speaker order for a script; OpenAI's voice
+    names taken to the model's (its aliases). As the request's `voice`, or for a script its `speakers`."""
     value = body.get("voice")
     if isinstance(value, dict):
         value = value.get("id")
@@ -77,35 +78,35 @@ def _voices(body: dict, model: ServedModel, text: str) -> list[str]:
     elif value is not None and not isinstance(value, str):
         raise ApiError(422, f"'voice' must be a string or an object with an 'id', got {type(value).__name__}",
                        param="voice", code="invalid_type")
-    names = [v.strip() for v in (value or "").split(",") if v.strip()]
+    names = [model.alias(v.strip()) for v in (value or "").split(",") if v.strip()]
     if not names:
         if not model.voices():
             raise ApiError(400, f"model '{model.id}' has no voices; import one with `vibevoice-onnx voices import`",
                            param="voice", code="no_voices")
         names = [model.voices()[0]]
-    try:
-        return [model.resolve_voice(name) for name in names]
-    except VibeVoiceError as e:
-        raise ApiError(400, str(e), param="voice", code="voice_not_found") from None
-
-
-def start(request: SpeechRequest) -> Speech:
-    """The generation for a request, every input checked (VibeVoiceError: a 400) before any audio."""
-    model, options = request.model, request.options
-    script = model.kind in LONG_FORM_KINDS or has_labels(request.text)
-    if not script:
-        if len(request.voices) > 1:
+    if not whole_text:
+        if len(names) > 1:
+            raise ApiError(400, "a streamed text takes one voice", param="voice")
+        return {"voice": names[0]}
+    if not is_script(model.kind, text):
+        if len(names) > 1:
             raise ApiError(400, "several voices are given, but the input has no 'Speaker N:' lines", param="voice")
-        return model.runner.stream(request.text, request.voices[0], **options, **model.batched)
-    speakers = parse_script(request.text).speakers
-    if len(request.voices) not in (1, len(speakers)) or len(request.voices) == 1 and len(speakers) > 1:
+        return {"voice": names[0]}
+    speakers = parse_script(text).speakers
+    if len(names) > len(speakers) or len(names) == 1 and len(speakers) > 1:
         raise ApiError(400, f"the script has {len(speakers)} speakers ({', '.join(map(str, speakers))}) but "
-                       f"{len(request.voices)} voices are given: give one per speaker, in order, comma-separated",
+                       f"{len(names)} voices are given: give one per speaker, in order, comma-separated",
                        param="voice")
-    given = dict(zip(speakers, request.voices))
-    if model.kind in LONG_FORM_KINDS:
-        return model.runner.stream(request.text, given, **options, **model.batched)
-    return model.runner.dialogue(request.text, given, turn_gap=request.turn_gap, **options, **model.batched)
+    return {"speakers": dict(zip(speakers, names))}
+
+
+def start(call: SpeechCall) -> Speech:
+    """The generation for a request, every input checked (a 400 naming the field) before any audio."""
+    try:
+        return start_speech(call.model.runner, call.request).speech
+    except RequestError as e:
+        raise api_error(e) from None
+
 
 
 def usage(model: ServedModel, text: str, frames: int) -> dict:

@@ -13,7 +13,8 @@ from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, chunk_segments
 from ..runtime.asr import MAX_NEW_TOKENS, Transcript
 from ..transcription import Segment, parse_transcript, render
 from .codec import decode_upload
-from .fields import option, served_model, take
+from ..requests import RequestError, TranscriptionRequest
+from .fields import api_error, option, served_model, take
 from .http import ApiError
 from .models import Models, ServedModel
 
@@ -25,7 +26,9 @@ NOT_A_TRANSCRIPT = "the model's output is not a JSON transcript"
 
 
 @dataclass
-class TranscriptionRequest:
+class TranscriptionCall:
+    """A transcription as the server takes it: the model, the request's options, and the response."""
+
     model: ServedModel
     response_format: str
     prompt: str | None
@@ -40,7 +43,7 @@ def granularities(form) -> list[str]:
     return [v.strip() for value in values for v in str(value).split(",") if v.strip()]
 
 
-def parse_transcription(form, models: Models) -> TranscriptionRequest:
+def parse_transcription(form, models: Models) -> TranscriptionCall:
     fields = {key: form.get(key) for key in form.keys() if key in TEXT_FIELDS}
     for key, value in fields.items():
         if not isinstance(value, str):
@@ -58,10 +61,16 @@ def parse_transcription(form, models: Models) -> TranscriptionRequest:
     if not 0.0 <= temperature <= 1.0:
         raise ApiError(400, f"'temperature' must be from 0 to 1, got {temperature:g} (decoding is greedy whatever "
                        "it is)", param="temperature", code="invalid_value")
-    options = {"seed": option(fields, "seed"), "mean_latents": take(fields, "mean_latents", bool, default=False),
-               "max_new_tokens": option(fields, "max_new_tokens", MAX_NEW_TOKENS)}
-    return TranscriptionRequest(model, fmt, take(fields, "prompt", str), take(fields, "language", str),
-                                take(fields, "stream", bool, default=False), options)
+    request = TranscriptionRequest(take(fields, "prompt", str), take(fields, "seed", float),
+                                   take(fields, "max_new_tokens", float),
+                                   take(fields, "mean_latents", bool, default=False))
+    try:
+        options = request.options()
+    except RequestError as e:
+        raise api_error(e) from None
+    options.setdefault("max_new_tokens", MAX_NEW_TOKENS)
+    return TranscriptionCall(model, fmt, options.pop("hotwords"), take(fields, "language", str),
+                             take(fields, "stream", bool, default=False), options)
 
 
 def load_upload(path: str) -> tuple[np.ndarray, int]:
@@ -112,7 +121,7 @@ def transcript_text(segments: list[Segment], decoded: str) -> str:
     return join(segments) if segments else decoded.strip()
 
 
-def respond(transcript: Transcript, request: TranscriptionRequest, fmt: str | None = None):
+def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None = None):
     """The transcript in the asked shape (or `fmt`): a dict (JSON) or a string (text, srt, vtt)."""
     fmt = fmt or request.response_format
     text = transcript.readable if transcript.readable is not None else transcript_text(transcript.segments, transcript.text)
@@ -145,7 +154,7 @@ def _segment(index: int, segment: Segment) -> dict:
             "text": fields["text"], "tokens": [], "temperature": 0.0, "speaker": fields["speaker"]}
 
 
-def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int, stream: bool):
+def transcribe_job(request: TranscriptionCall, samples: np.ndarray, rate: int, stream: bool):
     """The worker's job: transcribe; with `stream`, emit (delta, new segments) while tokens decode."""
     model = request.model
     if model.kind == "asr-streaming":
@@ -172,7 +181,7 @@ def transcribe_job(request: TranscriptionRequest, samples: np.ndarray, rate: int
     return job
 
 
-def chunk_job(request: TranscriptionRequest, samples: np.ndarray, rate: int, stream: bool):
+def chunk_job(request: TranscriptionCall, samples: np.ndarray, rate: int, stream: bool):
     """transcribe_job on an ASR-Streaming model: its text comes chunk by chunk (a delta each, with the chunk's
     segments); `max_new_tokens` caps each chunk's text (at most upstream's 256)."""
     options = dict(request.options)

@@ -1,5 +1,6 @@
 """`vibevoice-onnx speak`: text (realtime) or a script (1.5B) in, 24 kHz audio out, streamed to a WAV file or raw
-PCM on stdout. The bundle's kind decides; an option of the other kind is refused."""
+PCM on stdout. The command line's options become a request (vibevoice_onnx.requests), which decides what the
+bundle's kind does with them; this module writes the audio and reports."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import numpy as np
 from ..audio import to_pcm16
 from ..errors import VibeVoiceError
 from ..outputs import atomic_file, check_output_file, os_error_or
-from ..sampling import NoiseSource
-from .speech import Speech, open_tts
+from ..requests import SpeechRequest, start_speech
+from ..runtime.speech import Speech, open_tts
 
 WAV_SUBTYPES = {"pcm16": "PCM_16", "float32": "FLOAT"}
 
@@ -113,10 +114,6 @@ def _progress(speech: Speech, final: bool = False) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-KIND_DEFAULTS = {"realtime": {"cfg_scale": 1.5, "steps": 5}, "1.5b": {"cfg_scale": 1.3, "steps": 10},
-                 "large": {"cfg_scale": 1.3, "steps": 10}}  # upstream's demo (facts sheet 11.7)
-
-
 def parse_speakers(values: list[str]) -> dict:
     """`--speaker N=VOICE` values as {N: VOICE}; a bare VOICE is keyed None (a script with one speaker)."""
     given: dict = {}
@@ -130,75 +127,13 @@ def parse_speakers(values: list[str]) -> dict:
     return given
 
 
-def _refuse(kind: str, options: SpeakOptions, names: dict[str, object]) -> None:
-    for flag, value in names.items():
-        if value is not None:
-            raise VibeVoiceError(f"{flag} does not apply to a {kind} bundle" + {
-                "--voice": "; give each speaker a voice with --speaker N=VOICE",
-                "--voice-latents": " (its voices are cached prompts, not audio samples)",
-                "--decode-group": " (each latent's audio feeds the next step, so it is decoded at once)",
-            }.get(flag, ""))
-
-
-def _noise(tts, options: SpeakOptions) -> NoiseSource | None:
-    if options.noise is None:
-        return None
-    noise = NoiseSource.from_file(options.noise, tts.latent_size)
-    if options.max_frames is not None and options.max_frames > noise.frames:
-        raise VibeVoiceError(f"{options.noise}: has {noise.frames} rows, fewer than --max-frames {options.max_frames}")
-    return noise
-
-
-def _start(tts, text: str, options: SpeakOptions):
-    """Begin the generation the bundle's kind does, refusing options that belong to the other kind."""
-    defaults = KIND_DEFAULTS[tts.kind]
-    cfg_scale = defaults["cfg_scale"] if options.cfg_scale is None else options.cfg_scale
-    steps = defaults["steps"] if options.steps is None else options.steps
-    if tts.kind == "realtime":
-        return _start_realtime(tts, text, options, cfg_scale, steps)
-    _refuse(tts.kind, options, {"--voice": options.voice, "--decode-group": options.decode_group,
-                                "--stream-input": options.stream_input or None, "--turn-gap": options.turn_gap})
-    voice_latents = options.voice_latents or "sample"
-    if options.seed is not None and options.noise is not None and voice_latents == "mean":
-        raise VibeVoiceError("give either --seed or --noise with --voice-latents mean: nothing else is random")
-    if not options.speakers:
-        raise VibeVoiceError("give each speaker of the script a voice: --speaker N=VOICE (a bundle voice or an audio file)")
-    given = parse_speakers(options.speakers)
-    speech = tts.stream(text, given, cfg_scale=cfg_scale, steps=steps, seed=options.seed, noise=_noise(tts, options),
-                        voice_latents=voice_latents, max_frames=options.max_frames)
-    named = ", ".join(f"{n}={v}" if n is not None else str(v) for n, v in given.items())
-    seconds = sum(voice.seconds for voice in speech.voices)
-    preparing = (f"encoding {len(speech.voices)} voice sample{'s' * (len(speech.voices) > 1)} ({seconds:.1f} s of "
-                 f"audio) and a {speech.prompt_tokens}-token prompt before the first audio")
-    return speech, f"speakers {named}, voice latents {voice_latents}", preparing
-
-
-def _start_realtime(tts, text: str | None, options: SpeakOptions, cfg_scale: float, steps: int):
-    """Plain text, text streamed from standard input, or a dialogue (`--speaker N=VOICE`, one preset each)."""
-    _refuse(tts.kind, options, {"--voice-latents": options.voice_latents})
-    common = dict(cfg_scale=cfg_scale, steps=steps, seed=options.seed, max_frames=options.max_frames,
-                  **({} if options.decode_group is None else {"decode_group": options.decode_group}))
-    if options.speakers:
-        if options.voice or options.noise or options.stream_input:
-            flag = "--voice" if options.voice else "--noise" if options.noise else "--stream-input"
-            raise VibeVoiceError(f"{flag} does not apply to a dialogue (--speaker): each turn uses its speaker's "
-                                 "voice and the noise of seed + turn")
-        given = parse_speakers(options.speakers)
-        speech = tts.dialogue(text, given, turn_gap=options.turn_gap or 0.0, **common)
-        named = ", ".join(f"{n}={v}" if n is not None else str(v) for n, v in given.items())
-        return speech, f"dialogue, one turn per line, speakers {named} (turn k: seed + k)", None
-    if options.turn_gap is not None:
-        raise VibeVoiceError("--turn-gap applies to a dialogue only: a script spoken with --speaker N=VOICE")
-    if options.seed is not None and options.noise is not None:
-        raise VibeVoiceError("give either --seed or --noise, not both")
-    voice = options.voice or (tts.voices[0] if tts.voices else None)
-    if voice is None:
-        raise VibeVoiceError(f"{tts.bundle.path}: has no voices; import one with `vibevoice-onnx voices import`")
-    if options.stream_input:
-        speech = tts.text_stream(voice, noise=_noise(tts, options), **common)
-        threading.Thread(target=_feed_stdin, args=(speech,), daemon=True).start()
-        return speech, f"voice {voice}, text from standard input as it arrives", None
-    return tts.stream(text, voice, noise=_noise(tts, options), **common), f"voice {voice}", None
+def speech_request(text: str | None, options: SpeakOptions) -> SpeechRequest:
+    """The command line's options as the request layer's request."""
+    return SpeechRequest(
+        text, voice=options.voice, speakers=parse_speakers(options.speakers) if options.speakers else None,
+        cfg_scale=options.cfg_scale, steps=options.steps, seed=options.seed, max_frames=options.max_frames,
+        turn_gap=options.turn_gap, voice_latents=options.voice_latents, decode_group=options.decode_group,
+        noise=options.noise, text_stream=options.stream_input)
 
 
 def _feed_stdin(speech) -> None:
@@ -222,15 +157,19 @@ def speak(bundle_dir: Path, text: str | None, options: SpeakOptions) -> dict:
             check_output_file(path)
     load_start = time.perf_counter()
     tts = open_tts(bundle_dir, threads=options.threads, force=options.force)
-    return speak_with(tts, text, options, log=lambda line: print(line, file=sys.stderr, flush=True),
-                      load_start=load_start)
+    return speak_with(tts, speech_request(text, options), options,
+                      log=lambda line: print(line, file=sys.stderr, flush=True), load_start=load_start)
 
 
-def speak_with(tts, text: str | None, options: SpeakOptions, log=None, load_start: float | None = None) -> dict:
-    """Speak `text` on an open model as `options` say, the audio written as it comes and committed only when
-    complete; `log(line)` hears what is being done (and the progress), None: nothing is printed."""
+def speak_with(tts, request: SpeechRequest, options: SpeakOptions, log=None, load_start: float | None = None) -> dict:
+    """Speak `request` on an open model, the audio written as `options` say (their output, format and latents
+    file), as it comes and committed only when complete; `log(line)` hears what is being done (and the
+    progress), None: nothing is printed."""
     load_start = time.perf_counter() if load_start is None else load_start
-    speech, described, preparing = _start(tts, text, options)
+    started = start_speech(tts, request)
+    speech, described, preparing = started.speech, started.described, started.preparing
+    if request.text_stream:
+        threading.Thread(target=_feed_stdin, args=(speech,), daemon=True).start()
     load_seconds = time.perf_counter() - load_start
     randomness = [f"seed {speech.seed}"] if speech.seed is not None else []
     if options.noise is not None:
@@ -268,3 +207,32 @@ def speak_with(tts, text: str | None, options: SpeakOptions, log=None, load_star
         "clipped_samples": sink.clipped,
         "output": None if options.raw else str(options.output),
     }
+
+
+def speak_command(args) -> int:
+    """`vibevoice-onnx speak` as parsed: speak, then report the run on standard error."""
+    if args.raw and args.output:
+        raise VibeVoiceError("--raw writes to standard output; do not combine it with -o")
+    options = SpeakOptions(
+        voice=args.voice, speakers=args.speaker, voice_latents=args.voice_latents,
+        output=Path(args.output or "speech.wav"), wav_format=args.wav_format,
+        cfg_scale=args.cfg_scale, steps=args.steps, seed=args.seed, noise=Path(args.noise) if args.noise else None,
+        save_latents=Path(args.save_latents) if args.save_latents else None, max_frames=args.max_frames,
+        raw=args.raw, threads=args.threads, decode_group=args.decode_group, force=args.force,
+        stream_input=args.stream_input, turn_gap=args.turn_gap,
+    )
+    if args.stream_input and (args.text is not None or args.file):
+        raise VibeVoiceError("--stream-input reads the text from standard input; give no TEXT or -f")
+    text = None if args.stream_input else read_text(args.text, Path(args.file) if args.file else None)
+    summary = speak(Path(args.bundle), text, options)
+    lines = [
+        f"frames {summary['frames']} ({summary['stop']}), audio {summary['audio_seconds']:.2f} s, "
+        f"wall {summary['wall_seconds']:.2f} s, real-time factor {summary['real_time_factor']}, "
+        f"first audio after {summary['first_audio_seconds']} s",
+    ]
+    if summary["clipped_samples"]:
+        lines.append(f"warning: {summary['clipped_samples']} samples beyond ±1 were clipped (--wav-format float32 keeps them)")
+    if summary["output"]:
+        lines.append(f"wrote {summary['output']}")
+    print("\n".join(lines), file=sys.stderr)
+    return 0

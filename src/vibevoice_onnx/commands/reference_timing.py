@@ -1,6 +1,7 @@
-"""The PyTorch reference's side of `vibevoice-onnx bench`, run in a child process so its memory is its own:
+"""The PyTorch reference's side of `vibevoice-onnx bench`, run in a child process so its memory is its own (a
+command, above both the runtime and the reference, so the reference library imports nothing of the runtime):
 
-    python -m vibevoice_onnx.reference.timing CHECKPOINT BUNDLE VOICE FRAMES THREADS OPTIONS_JSON
+    python -m vibevoice_onnx.commands.reference_timing CHECKPOINT BUNDLE VOICE FRAMES THREADS OPTIONS_JSON
 
 runs the bundle kind's bench generation (the same loop, latents, text, voice, noise and options as the runtime
 side) on the reference backend and prints one JSON line with the same timings.

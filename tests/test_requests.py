@@ -1,0 +1,142 @@
+"""One request layer (vibevoice_onnx.requests) under three front-ends: the same bad request gets the same sentence
+from the command line, the HTTP server and a batch job's item, each naming the field as its user writes it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")  # the server's front-end: the serve extra
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from vibevoice_onnx.cli import EXIT_ERROR, main  # noqa: E402
+from vibevoice_onnx.cluster.workers import SynthesisWorker  # noqa: E402
+from vibevoice_onnx.serve import Models, Settings, create_app  # noqa: E402
+
+from conftest import write_voice_sample  # noqa: E402
+
+THREE = "Speaker 1: Hello there.\nSpeaker 2: I am fine.\nSpeaker 3: Good."
+
+
+def cli_error(capsys, tmp_path, bundle, *args) -> str:
+    code = main(["speak", str(bundle), *map(str, args), "--max-frames", "2", "-o", str(tmp_path / "x.wav")])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR and err.startswith("error: ") and "Traceback" not in err, err
+    assert not (tmp_path / "x.wav").exists()
+    return err.strip().removeprefix("error: ")
+
+
+def http_error(bundle, body: dict, param: str) -> str:
+    with TestClient(create_app(Models.open([bundle]), Settings())) as client:
+        response = client.post("/v1/audio/speech", json={"model": "tts-1", "max_frames": 2, **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    return response.json()["error"]["message"]
+
+
+def worker(bundle, tmp_path) -> SynthesisWorker:
+    """A batch job's worker, run as Ray runs it but in this process."""
+    made = SynthesisWorker(str(bundle), str(tmp_path / "job"))
+    made.folder.prepare()
+    return made
+
+
+def item_error(bundle, tmp_path, item: dict) -> str:
+    row = worker(bundle, tmp_path).run({"id": "one", "max_frames": 2, **item})
+    assert row.status == "error" and row.output is None
+    return row.error
+
+
+def test_an_unknown_voice_reads_the_same_from_every_front_end(tiny_bundle, tmp_path, capsys):
+    said = "{}: the model has no voice 'nobody' (available: synthetic)"
+    files = ", and it is no voice file or http(s) URL"  # the server reads no client's files: it says nothing of them
+    assert cli_error(capsys, tmp_path, tiny_bundle, "Hello.", "--voice", "nobody") == said.format("--voice") + files
+    assert http_error(tiny_bundle, {"input": "Hello.", "voice": "nobody"}, "voice") == said.format("voice")
+    assert item_error(tiny_bundle, tmp_path, {"text": "Hello.", "voice": "nobody"}) == said.format('"voice"') + files
+
+
+def test_a_speaker_without_a_voice_reads_the_same_from_every_front_end(tiny_15b_bundle, tmp_path, capsys):
+    said = "Speaker 3 speaks in the script but has no voice: add {}"
+    assert cli_error(capsys, tmp_path, tiny_15b_bundle, THREE, "--speaker", "1=alice", "--speaker", "2=alice") == \
+        said.format("--speaker 3=VOICE")
+    assert http_error(tiny_15b_bundle, {"input": THREE, "voice": "alice,alice"}, "voice") == \
+        said.format("a voice for Speaker 3 to 'voice' (comma-separated, in speaker order)")
+    assert item_error(tiny_15b_bundle, tmp_path, {"script": THREE, "speakers": {"1": "alice", "2": "alice"}}) == \
+        said.format('"speakers": {"3": VOICE}')
+
+
+def test_a_cfg_scale_out_of_range_reads_the_same_from_every_front_end(tiny_bundle, tmp_path, capsys):
+    said = "{} must be a number from 0 to 20, got 1000000000.0"
+    assert http_error(tiny_bundle, {"input": "Hello.", "cfg_scale": 1e9}, "cfg_scale") == said.format("cfg_scale")
+    assert item_error(tiny_bundle, tmp_path, {"text": "Hello.", "cfg_scale": 1e9}) == said.format('"cfg_scale"')
+    with pytest.raises(SystemExit) as stopped:  # the command line refuses it as it parses, with its usage
+        main(["speak", str(tiny_bundle), "Hello.", "--cfg-scale", "1e9"])
+    assert stopped.value.code == 2
+    assert "argument --cfg-scale: must be a number from 0 to 20, got '1e9'" in capsys.readouterr().err
+
+
+def test_a_dialogue_option_on_plain_text_reads_the_same_from_every_front_end(tiny_bundle, tmp_path, capsys):
+    said = "{} applies to a dialogue only: a script spoken with {}"
+    assert cli_error(capsys, tmp_path, tiny_bundle, "Hello.", "--turn-gap", "0.5") == \
+        said.format("--turn-gap", "--speaker N=VOICE")
+    assert item_error(tiny_bundle, tmp_path, {"text": "Hello.", "turn_gap": 0.5}) == \
+        said.format('"turn_gap"', '"speakers": {"N": VOICE}')
+
+
+def test_an_items_voices_reach_the_model_as_given(tiny_15b_bundle, tmp_path, monkeypatch):
+    """A voice file whose name looks like N=VOICE is a file, not Speaker 2's voice: an item's voice and speakers
+    go to the model as they are, never through `--speaker` strings parsed back."""
+    monkeypatch.chdir(tmp_path)
+    write_voice_sample(tmp_path / "2=bob.wav", seconds=1.0)
+    job = worker(tiny_15b_bundle, tmp_path)
+    for item_id, voices in (("voice", {"voice": "2=bob.wav"}), ("speakers", {"speakers": {"1": "2=bob.wav"}})):
+        row = job.run({"id": item_id, "script": "Speaker 1: Hello there.", "max_frames": 2, **voices})
+        assert row.status == "ok", row.error
+        assert row.output.endswith(f"{item_id}.wav")
+
+
+def test_an_items_speakers_must_be_numbered(tiny_15b_bundle, tmp_path):
+    error = item_error(tiny_15b_bundle, tmp_path, {"script": THREE, "speakers": {"Alice": "alice"}})
+    assert error == '"speakers" maps each speaker number to a voice: {"1": "alice", "2": "bob"}'
+
+
+def test_a_transcription_option_out_of_range_reads_the_same_from_the_server_and_an_item(tiny_asr_bundle, tmp_path):
+    from vibevoice_onnx.cluster.workers import TranscriptionWorker
+
+    audio = write_voice_sample(tmp_path / "talk.wav", seconds=1.0)
+    said = "{} must be a whole number from 1 to 131072, got 0.5"
+    with TestClient(create_app(Models.open([tiny_asr_bundle]), Settings())) as client:
+        response = client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "max_new_tokens": "0.5"},
+                               files={"file": ("talk.wav", audio.read_bytes(), "audio/wav")})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_new_tokens"
+    assert response.json()["error"]["message"] == said.format("max_new_tokens")
+    job = TranscriptionWorker(str(tiny_asr_bundle), str(tmp_path / "job"))
+    job.folder.prepare()
+    row = job.run({"id": "talk", "audio": str(audio), "max_new_tokens": 0.5})
+    assert row.status == "error" and row.error == said.format('"max_new_tokens"')
+
+
+def test_open_gives_each_bundle_its_runtime_object_and_the_package_import_stays_light(tiny_bundle, tiny_15b_bundle,
+                                                                                      tiny_asr_bundle):
+    import subprocess
+    import sys
+
+    import vibevoice_onnx
+    from vibevoice_onnx.runtime.asr import Transcriber
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+    from vibevoice_onnx.runtime.tts15b import LongFormTTS
+
+    for bundle, kind in ((tiny_bundle, RealtimeTTS), (tiny_15b_bundle, LongFormTTS), (tiny_asr_bundle, Transcriber)):
+        assert type(vibevoice_onnx.open(str(bundle))) is kind
+    light = "import sys, vibevoice_onnx; print(sorted(m for m in ('onnxruntime', 'numpy', 'torch') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+@pytest.mark.parametrize("item, sentence", [
+    ({"text": "Hello.", "voice": 5}, '"voice" must name a voice, got 5'),
+    ({"text": "Hello.", "voice_latents": "median"}, '"voice_latents" must be sample or mean, got \'median\''),
+    ({"text": "Hello.", "wav_format": "mp3"}, '"wav_format" must be one of pcm16, float32, got \'mp3\''),
+    ({"text": "Hello.", "seed": "seven"}, '"seed" must be a whole number from 0 to 9223372036854775807, got \'seven\''),
+])
+def test_an_items_values_of_the_wrong_kind_get_a_sentence_naming_the_field(tiny_bundle, tmp_path, item, sentence):
+    assert item_error(tiny_bundle, tmp_path, item) == sentence
