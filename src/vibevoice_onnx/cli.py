@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .checkpoints.configs import KINDS
+from .families import KINDS, family
 from .errors import VibeVoiceError
 from .options import cli_type
 
@@ -48,7 +48,7 @@ def cmd_make_checkpoint(args) -> int:
         print(f"  voice preset: {out / 'voices' / 'synthetic.pt'}", file=sys.stderr)
 
     make_checkpoint(args.kind, out, size=args.size, seed=args.seed, dtype=args.dtype,
-                    extras=add_preset if args.kind == "realtime" else None, variant=args.variant)
+                    extras=add_preset if family(args.kind).voices == "preset" else None, variant=args.variant)
     print(out)
     return 0
 

@@ -69,7 +69,7 @@ class Family:
     exporter: str | None = None  # the module that knows its graphs (export/build.py)
     policy: str | None = None  # {precision: {graph: Scheme}} (export/precision.py)
     gates: str | None = None  # the module holding its parity gates (verify)
-    runtime: str | None = None  # the torch-free API class that opens its bundles
+    runtime: str | None = None  # the torch-free API class that opens its bundles (vibevoice_onnx.open returns it)
     # Running it
     voices: str | None = None  # its voices: "preset" (upstream's KV-cache presets) or "audio" (samples)
     defaults: Defaults = field(default_factory=Defaults)
@@ -139,7 +139,7 @@ FAMILIES = (
         preprocessor="checkpoints.configs:STREAMING_PREPROCESSOR", added_tokens="checkpoints.configs:STREAMING_TOKENS",
         to_transformers="checkpoints.names:asr_codes_to_hf",
         exporter="export.asr", policy="export.precision:STREAMING_ASR_POLICY", gates="verify.asr_streaming",
-        runtime="runtime.asr_streaming:StreamingTranscriber",
+        runtime="runtime.asr_streaming:StreamingModel",
         capabilities=Capabilities(transcribes=True, streams=True),
     ),
 )

@@ -13,13 +13,9 @@ from typing import Callable
 
 from .checkpoints.configs import LONG_FORM_KINDS
 from .errors import VibeVoiceError
+from .families import family
 from .options import LIMITS, check
 from .script import has_labels, parse_script
-
-# Each TTS kind's generation defaults, upstream's demo (facts sheet 11.7). The one table every front-end reads:
-# at merge time it becomes the model families' record (families.py).
-KIND_DEFAULTS = {"realtime": {"cfg_scale": 1.5, "steps": 5}, "1.5b": {"cfg_scale": 1.3, "steps": 10},
-                 "large": {"cfg_scale": 1.3, "steps": 10}}
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ def checked(name: str, value):
 class SpeechRequest:
     """Text (or a `Speaker N:` script) to speak and how. `voice`: the one voice of plain text; `speakers`:
     {number as written: voice} for a script (None keys a script's lone speaker). Options left None take the
-    kind's defaults (KIND_DEFAULTS) or the runtime's."""
+    kind's defaults (its families record) or the runtime's."""
 
     text: str | None
     voice: str | None = None
@@ -117,13 +113,13 @@ def start_speech(tts, request: SpeechRequest) -> Started:
     """Begin the generation `request` asks of the open TTS model `tts`, every field checked against the model
     (its kind, its voices) first: a RequestError before any audio."""
     request.check()
-    defaults = KIND_DEFAULTS[tts.kind]
-    common = dict(cfg_scale=defaults["cfg_scale"] if request.cfg_scale is None else request.cfg_scale,
-                  steps=defaults["steps"] if request.steps is None else request.steps,
+    facts = family(tts.kind)
+    common = dict(cfg_scale=facts.defaults.cfg_scale if request.cfg_scale is None else request.cfg_scale,
+                  steps=facts.defaults.steps if request.steps is None else request.steps,
                   seed=request.seed, max_frames=request.max_frames, **request.extra)
-    if tts.kind == "realtime":
-        return _start_realtime(tts, request, common)
-    return _start_long_form(tts, request, common)
+    if facts.capabilities.long_form:
+        return _start_long_form(tts, request, common)
+    return _start_realtime(tts, request, common)
 
 
 def _refuse(kind: str, names: dict[str, object]) -> None:

@@ -29,12 +29,11 @@ PROGRESS_EVERY = 10  # items between progress lines
 
 def check_bundle(task: str, bundle: Path, force: bool) -> None:
     """Stop before any cluster starts if the bundle is missing, of the wrong kind, or not usable."""
-    from ..checkpoints.configs import LONG_FORM_KINDS
-    from ..runtime.asr import ASR_KINDS
+    from ..families import kinds_that
     from ..runtime.bundle import Bundle
 
     opened = Bundle(Path(bundle))
-    kinds = ("realtime", *LONG_FORM_KINDS) if task == "synthesize" else ASR_KINDS
+    kinds = kinds_that(speaks=True) if task == "synthesize" else kinds_that(transcribes=True, streams=False)
     if opened.kind not in kinds:
         wanted = "a TTS" if task == "synthesize" else "an ASR"
         raise VibeVoiceError(f"{bundle}: is a {opened.kind} bundle; batch {task} needs {wanted} bundle")

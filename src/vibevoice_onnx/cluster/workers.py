@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import StorageFull, VibeVoiceError
+from ..families import family
 from ..outputs import file_error, storage_full, writer_os_error
 from ..requests import RequestError, SpeechRequest, Spelling, TranscriptionRequest, transcribe
 from .items import STOPPED, JobFolder, Row
@@ -125,9 +126,9 @@ def item_request(item: dict, kind: str) -> SpeechRequest:
     speakers, voice = item.get("speakers"), item.get("voice")
     if speakers is not None:
         speakers = _speaker_numbers(speakers)
-    elif kind != "realtime" and voice is not None:
+    elif family(kind).capabilities.long_form and voice is not None:
         speakers, voice = {None: voice}, None
-    elif kind != "realtime":
+    elif family(kind).capabilities.long_form:
         raise RequestError("speakers", f"a {kind} bundle needs a voice sample: give {{voice}} (one speaker) or "
                                        "{entry}", 1)
     options = {name: item.get(name) for name in ("seed", "cfg_scale", "steps", "max_frames", "turn_gap",

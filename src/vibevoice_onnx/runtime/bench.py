@@ -32,17 +32,16 @@ MEMORY_FROM = 500  # the latent from which a long run's memory must stay flat
 
 
 def bench_kind(kind: str):
-    """(the onnxruntime backend of a bundle, the bench generation, the batch class) of a TTS kind."""
-    from . import realtime, tts15b
+    """(the onnxruntime backend of a bundle, the bench generation, the batch class) of a TTS kind: its runtime
+    module's BENCH."""
+    from ..families import family, kinds_that, load
 
-    long_form = (tts15b.OnnxTts15bBackend, tts15b.bench_frames, tts15b.LongFormBatch)
-    kinds = {"realtime": (realtime.backend_for, realtime.bench_frames, realtime.RealtimeBatch),
-             "1.5b": long_form, "large": long_form}
-    if kind not in kinds:
-        raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds)}) and ASR bundles; this one is "
-                             f"'{kind}'" + (" (benchmarks/asr_streaming.py times live transcription)"
-                                            if kind == "asr-streaming" else ""))
-    return kinds[kind]
+    facts = family(kind)
+    if not facts.capabilities.speaks:
+        raise VibeVoiceError(f"bench times TTS bundles (kinds {', '.join(kinds_that(speaks=True))}) and ASR bundles; "
+                             f"this one is '{kind}'" + (" (benchmarks/asr_streaming.py times live transcription)"
+                                                        if facts.streams_audio else ""))
+    return load(facts.runtime.partition(":")[0] + ":BENCH")
 
 
 def timed_run(chunks: Iterator[np.ndarray]) -> dict:
@@ -316,7 +315,9 @@ def result_of(kind: str):
     from ..generation.realtime import GenerationResult
     from ..generation.tts15b import LongFormResult
 
-    return GenerationResult(keep_audio=False) if kind == "realtime" else LongFormResult(keep_audio=False)
+    from ..families import family
+
+    return (LongFormResult if family(kind).capabilities.long_form else GenerationResult)(keep_audio=False)
 
 
 def gate_status(bundle: Bundle) -> str:

@@ -24,23 +24,10 @@ def open_model(ref: str | Path, precision: str | None = None, device: str | None
     """The runtime object for any model reference (`vibevoice_onnx.open`): resolved as `from_pretrained` and the
     command line resolve it, then opened as its bundle's kind says: RealtimeTTS, LongFormTTS, LargeTTS,
     Transcriber (asr, asr-hf) or StreamingModel (asr-streaming)."""
-    from ..errors import VibeVoiceError
+    from ..families import family, load
     from ..hub import resolve_bundle
     from .bundle import Bundle
 
     bundle = Bundle(resolve_bundle(ref, precision=precision, device=device, revision=revision, tokenizer=tokenizer),
                     threads=threads)
-    opener = _openers().get(bundle.kind)
-    if opener is None:
-        raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' has no runtime")
-    return opener(bundle, force=force)
-
-
-def _openers() -> dict:
-    from .asr import Transcriber
-    from .asr_streaming import StreamingModel
-    from .realtime import RealtimeTTS
-    from .tts15b import LargeTTS, LongFormTTS
-
-    return {"realtime": RealtimeTTS, "1.5b": LongFormTTS, "large": LargeTTS, "asr": Transcriber, "asr-hf": Transcriber,
-            "asr-streaming": StreamingModel}
+    return load(family(bundle.kind).runtime)(bundle, force=force)

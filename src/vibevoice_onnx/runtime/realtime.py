@@ -348,3 +348,6 @@ class RealtimeTTS(TtsModel):
 
         frames = run_loop(self.backend) if batch is None else batch.frames(run_loop)
         return Speech(frames, result, seed, noise)
+
+
+BENCH = (backend_for, bench_frames, RealtimeBatch)  # what `bench` runs of this kind: runtime.bench.bench_kind

@@ -308,3 +308,6 @@ class LargeTTS(LongFormTTS):
     """VibeVoice-Large (7B) from an ONNX bundle: the 1.5B's API and loop, its untied head's decisions."""
 
     kind = "large"
+
+
+BENCH = (OnnxTts15bBackend, bench_frames, LongFormBatch)  # what `bench` runs of these kinds: runtime.bench.bench_kind

@@ -11,7 +11,7 @@ from ..errors import VibeVoiceError
 from ..outputs import atomic_file, file_error, remove_stale_partials
 from ..audio import VoiceSample, save_voice_sample
 from ..voices import save_voice
-from ..checkpoints.configs import LONG_FORM_KINDS
+from ..families import family
 from .bundle import Bundle, file_record, voice_path, write_manifest
 
 
@@ -21,17 +21,18 @@ def import_voice(bundle_dir: Path, source: Path | str, name: str | None = None, 
     from ..hub.home import local_file
 
     bundle = Bundle(bundle_dir)
-    if bundle.kind not in ("realtime", *LONG_FORM_KINDS):
+    voices = family(bundle.kind).voices
+    if voices is None:
         raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' has no voices")
     source = local_file(source)
     if not source.is_file():
-        raise VibeVoiceError(f"{source}: no such {'preset' if bundle.kind == 'realtime' else 'audio'} file")
+        raise VibeVoiceError(f"{source}: no such {voices} file")
     name = name or source.stem
     target = voice_path(bundle.path, name)
     if target.exists() and not force:
         raise VibeVoiceError(f"{bundle.path}: already has a voice '{name}' (choose another --name, or --force)")
     voice = bundle.read_voice_source(source)
-    if bundle.kind == "realtime":
+    if voices == "preset":
         write = partial(save_voice, voice, metadata={"source": source.name, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()})
         summary = voice.shape_summary()
     else:
@@ -64,7 +65,7 @@ def list_voices(bundle_dir: Path) -> list[dict]:
     out = []
     for name in bundle.voices():
         voice = bundle.voice(name)
-        if bundle.kind == "realtime":
+        if family(bundle.kind).voices == "preset":
             out.append({"name": name, **{k: v for k, v in voice.shape_summary().items() if k.endswith("_length")}})
         else:
             out.append({"name": name, **voice_summary(voice)})

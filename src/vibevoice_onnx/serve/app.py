@@ -26,9 +26,9 @@ from starlette.requests import ClientDisconnect
 
 from ..audio import SAMPLE_RATE
 from ..errors import StorageFull, VibeVoiceError
+from ..families import family
 from ..outputs import file_error, writer_os_error
 from ..runtime.bundle import voice_path
-from ..checkpoints.configs import LONG_FORM_KINDS
 from . import schema
 from . import speech as speech_route
 from . import transcriptions as asr_route
@@ -409,7 +409,7 @@ async def _speech_socket(websocket: WebSocket, state: _State) -> None:
         parsed = speech_route.parse_speech(first, state.models, settings.max_input_chars, settings.max_frames,
                                            text_required=False)
         run.model = parsed.model.id
-        if parsed.model.kind != "realtime":
+        if not family(parsed.model.kind).capabilities.streams:
             raise ApiError(400, f"model '{run.model}' is a {parsed.model.kind} model: text streams into realtime models "
                            "only", param="model")
         generation = speech_route.start(parsed)
@@ -605,10 +605,10 @@ async def _add_voice(request: Request, state: _State):
         if not isinstance(name, str) or not name.strip():
             raise ApiError(400, "'name' is required: the new voice's name", param="name", code="missing_field")
         model_name = form.get("model")
-        candidates = [m for m in state.models.by_id.values() if m.kind in LONG_FORM_KINDS]
+        candidates = [m for m in state.models.by_id.values() if family(m.kind).voices == "audio"]
         model = served_model(state.models, model_name, "tts") if isinstance(model_name, str) and model_name else (
             candidates[0] if candidates else None)
-        if model is None or model.kind not in LONG_FORM_KINDS:
+        if model is None or family(model.kind).voices != "audio":
             raise ApiError(400, "voices are added to VibeVoice-1.5B and Large models only (a realtime voice is a cached prompt "
                            "made by upstream's tools: import presets with `vibevoice-onnx voices import`)", param="model")
         try:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import VibeVoiceError
-from ..runtime.asr import ASR_KINDS, Transcriber
-from ..runtime.asr_streaming import StreamingModel
+from ..families import family, kinds_that, load
 from ..runtime.bundle import Bundle
-from ..runtime.speech import TtsModel, open_tts
-from ..checkpoints.configs import TTS_KINDS
+
+if TYPE_CHECKING:
+    from ..runtime.asr import Transcriber
+    from ..runtime.asr_streaming import StreamingModel
+    from ..runtime.speech import TtsModel
+
 # OpenAI's model names go to the first bundle that does what they do, so unmodified clients work.
 OPENAI_MODELS = {"tts-1": "tts", "tts-1-hd": "tts", "gpt-4o-mini-tts": "tts",
                  "whisper-1": "asr", "gpt-4o-transcribe": "asr", "gpt-4o-mini-transcribe": "asr"}
@@ -44,7 +48,7 @@ class ServedModel:
 
     @property
     def task(self) -> str:
-        return "tts" if self.kind in TTS_KINDS else "asr"
+        return "tts" if family(self.kind).capabilities.speaks else "asr"
 
     def voices(self) -> list[str]:
         return self.bundle.voices() if self.task == "tts" else []
@@ -82,12 +86,12 @@ class Models:
         them; no session is loaded, so a launcher (serve --ray) can refuse at once what every replica would."""
         bundles = [Bundle(Path(path), threads=threads) for path in paths]
         for bundle in bundles:
-            if bundle.kind not in TTS_KINDS + ASR_KINDS + ("asr-streaming",):
+            if bundle.kind not in kinds_that(speaks=True) + kinds_that(transcribes=True):
                 raise VibeVoiceError(f"{bundle.path}: a bundle of kind '{bundle.kind}' cannot be served")
             if not force:
                 bundle.require_usable()
         for name, voice in (aliases or {}).items():
-            if not any(voice in bundle.voices() for bundle in bundles if bundle.kind in TTS_KINDS):
+            if not any(voice in bundle.voices() for bundle in bundles if family(bundle.kind).capabilities.speaks):
                 raise VibeVoiceError(f"--voice-alias {name}={voice}: no served bundle has a voice '{voice}'")
         return bundles
 
@@ -98,12 +102,7 @@ class Models:
         decoding) step by step."""
         models, ids = [], set()
         for bundle in cls.check(paths, threads, force, aliases):
-            if bundle.kind in TTS_KINDS:
-                runner = open_tts(bundle.path, threads=threads, force=force)
-            elif bundle.kind == "asr-streaming":
-                runner = StreamingModel(bundle, force=force)
-            else:
-                runner = Transcriber(bundle, force=force)
+            runner = load(family(bundle.kind).runtime)(bundle, force=force)
             model_id = unique(f"vibevoice-{bundle.kind}-{bundle.path.name.replace('_', '-')}", ids)
             ids.add(model_id)
             batch = runner.batch(max_batch) if max_batch > 1 else None

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import VibeVoiceError
+from ..families import family
 from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, chunk_segments
 from ..runtime.asr import MAX_NEW_TOKENS, Transcript
 from ..transcription import Segment, parse_transcript, render
@@ -157,7 +158,7 @@ def _segment(index: int, segment: Segment) -> dict:
 def transcribe_job(request: TranscriptionCall, samples: np.ndarray, rate: int, stream: bool):
     """The worker's job: transcribe; with `stream`, emit (delta, new segments) while tokens decode."""
     model = request.model
-    if model.kind == "asr-streaming":
+    if family(model.kind).streams_audio:
         return chunk_job(request, samples, rate, stream)
     decode = model.runner.tokenizer.decode
     segments = SegmentStream()
@@ -236,8 +237,8 @@ def parse_live(config, models: Models) -> LiveRequest:
         raise ApiError(400, f"unknown setting(s) {', '.join(unknown)} (known: {', '.join(LIVE_FIELDS)})", param=unknown[0])
     name = take(config, "model", str)
     model = served_model(models, name, "asr") if name else next(
-        (m for m in models.by_id.values() if m.kind == "asr-streaming"), None)
-    if model is None or model.kind != "asr-streaming":
+        (m for m in models.by_id.values() if family(m.kind).streams_audio), None)
+    if model is None or not family(model.kind).streams_audio:
         raise ApiError(400, f"model '{model.id if model else 'none'}' is not an ASR-Streaming model: live transcription "
                        "needs one (vibevoice-onnx build on a VibeVoice-ASR-Streaming checkpoint)", param="model")
     hotwords = take(config, "context_info", str) or take(config, "prompt", str)
