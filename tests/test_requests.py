@@ -140,3 +140,14 @@ def test_open_gives_each_bundle_its_runtime_object_and_the_package_import_stays_
 ])
 def test_an_items_values_of_the_wrong_kind_get_a_sentence_naming_the_field(tiny_bundle, tmp_path, item, sentence):
     assert item_error(tiny_bundle, tmp_path, item) == sentence
+
+
+@pytest.mark.parametrize("name", ["{", "{0}", "}{1!r:>{2}}", "}{field}{{"])
+def test_a_voice_name_with_braces_never_breaks_the_sentence(tiny_bundle, tmp_path, capsys, name):
+    """Sentences quote what the client sent, so a name that looks like a format string must not be read as one
+    (a "{" was a ValueError while the error was worded: a traceback instead of a 400). Names with no `{word}` in
+    them read back exactly."""
+    said = http_error(tiny_bundle, {"input": "Hello.", "voice": name}, "voice")
+    assert said.startswith(f"voice: the model has no voice '{name}'" if "{field}" not in name else "voice: the model")
+    assert item_error(tiny_bundle, tmp_path, {"text": "Hello.", "voice": name}).startswith('"voice": the model has no')
+    assert cli_error(capsys, tmp_path, tiny_bundle, "Hello.", "--voice", name).startswith("--voice: the model has no")

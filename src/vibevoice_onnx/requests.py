@@ -7,6 +7,7 @@ Torch-free: nothing here imports more than the runtime does."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -29,24 +30,26 @@ class Spelling:
 
 class RequestError(VibeVoiceError):
     """A request field that is wrong. `sentence` names fields as `{field}` (this error's), `{voice}`, `{seed}` ...
-    and one speaker's voice as `{entry}`; each front-end renders it with its Spelling (`spelled`)."""
+    and one speaker's voice as `{entry}`; each front-end renders it with its Spelling (`spelled`). Every other
+    brace is literal (no doubling)."""
 
     def __init__(self, field_name: str, sentence: str, speaker="N", code: str = "invalid_value"):
         self.field, self.sentence, self.speaker, self.code = field_name, sentence, speaker, code
         super().__init__(self.spelled(Spelling()))
 
     def spelled(self, spelling: Spelling) -> str:
-        error = self
+        """The sentence with its fields in `spelling`. Not str.format: the sentence quotes what the client sent,
+        and a client's "{" or "{0}" must read as itself, never break the rendering."""
 
-        class Names(dict):
-            def __missing__(self, key):
-                if key == "field":
-                    return spelling.name(error.field)
-                if key == "entry":
-                    return spelling.entry.format(n=error.speaker)
-                return spelling.name(key)
+        def name(match: re.Match) -> str:
+            key = match.group(1)
+            if key == "field":
+                return spelling.name(self.field)
+            if key == "entry":
+                return spelling.entry.format(n=self.speaker)
+            return spelling.name(key)
 
-        return self.sentence.format_map(Names())
+        return re.sub(r"\{([a-z_]+)\}", name, self.sentence)
 
 
 def checked(name: str, value):
@@ -97,7 +100,7 @@ class SpeechRequest:
                 if number is not None and (not isinstance(number, int) or isinstance(number, bool)) \
                         or not isinstance(voice, str) or not voice.strip():
                     raise RequestError("speakers", "{field} maps each speaker's number to a voice: "
-                                                   "{{\"1\": \"alice\", \"2\": \"bob\"}}")
+                                                   "{\"1\": \"alice\", \"2\": \"bob\"}")
 
 
 @dataclass

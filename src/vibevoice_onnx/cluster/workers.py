@@ -139,7 +139,7 @@ def item_request(item: dict, kind: str) -> SpeechRequest:
 def _speaker_numbers(speakers) -> dict:
     """{"1": VOICE, ...} with its keys as the script's speaker numbers (JSON keys are strings)."""
     if not isinstance(speakers, dict) or not all(isinstance(k, str) and k.isdigit() for k in speakers):
-        raise RequestError("speakers", "{field} maps each speaker number to a voice: {{\"1\": \"alice\", \"2\": \"bob\"}}")
+        raise RequestError("speakers", "{field} maps each speaker number to a voice: {\"1\": \"alice\", \"2\": \"bob\"}")
     return {int(number): voice for number, voice in speakers.items()}
 
 
