@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from .errors import CheckpointError
+from .errors import CheckpointError, VibeVoiceError
 
 PACKAGE = __package__
 
@@ -152,6 +152,16 @@ def family(kind: str) -> Family:
         return BY_NAME[kind]
     except KeyError:
         raise CheckpointError(f"unknown checkpoint kind '{kind}' (expected one of {', '.join(KINDS)})") from None
+
+
+def stage(kind: str, part: str, doing: str):
+    """What a kind's record names for `part` ("exporter", "gates", ...), loaded now; where it names none, a sentence
+    that `doing` (e.g. "building realtime checkpoints") is not supported, and for which kinds it is."""
+    name = getattr(family(kind), part)
+    if name is None:
+        supported = ", ".join(f.name for f in FAMILIES if getattr(f, part))
+        raise VibeVoiceError(f"{doing} is not supported yet (supported: {supported})")
+    return load(name)
 
 
 def kinds_that(**capabilities: bool) -> tuple[str, ...]:

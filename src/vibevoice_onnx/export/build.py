@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from ..checkpoints.configs import model_dims
 from ..checkpoints.files import checkpoint_hash, open_checkpoint
 from ..errors import VibeVoiceError
-from ..families import FAMILIES, family, load
+from ..families import family, stage
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from .graphs import OPSET, export_graph
@@ -104,11 +104,7 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
 
 def _exporter(kind: str):
     """The module that knows a kind's graphs: load_model(checkpoint), graph_specs(model), host_tensors(...)."""
-    exporter = family(kind).exporter
-    if exporter is None:
-        supported = ", ".join(f.name for f in FAMILIES if f.exporter)
-        raise VibeVoiceError(f"building {kind} checkpoints is not supported yet (supported: {supported})")
-    return load(exporter)
+    return stage(kind, "exporter", f"building {kind} checkpoints")
 
 
 VARIANTS = {"cpu": ("fp32", "int8", "int4", "int4-mixed"), "cuda": ("fp32", "fp16")}

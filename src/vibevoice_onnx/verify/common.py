@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..errors import VibeVoiceError
-from ..families import FAMILIES, family, load
+from ..families import stage
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
@@ -318,11 +318,7 @@ def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
 
 def gates_of(kind: str):
     """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
-    gates = family(kind).gates
-    if gates is None:
-        supported = ", ".join(f.name for f in FAMILIES if f.gates)
-        raise VibeVoiceError(f"verifying {kind} bundles is not supported yet (supported: {supported})")
-    return load(gates)
+    return stage(kind, "gates", f"verifying {kind} bundles")
 
 
 @torch.no_grad()
