@@ -72,7 +72,7 @@ def _from_hub(ref: HubRef, precision: str | None, device: str | None, tokenizer,
     config = read_json(snapshot.fetch("config.json", "config"), "config.json")
     kind = _vibevoice_kind(config, ref)
     target = source.bundle(kind, device, precision or DEFAULT_PRECISION)
-    if complete(target) and Bundle(target).manifest.get("parity"):
+    if complete(target) and Bundle(target).info.verified:
         return target  # built and verified before: no download, no build
     checkpoint = fetch_checkpoint(snapshot, log)
     tokenizer_path = _tokenizer_for(checkpoint, tokenizer, source.record)
@@ -175,7 +175,7 @@ def pull_bundle(snapshot: Snapshot, log=_log) -> Path:
 def _check_once(bundle: Bundle, key: str) -> None:
     memo = home() / "checked" / f"{key}.json"
     stamps = {name: [(bundle.path / name).stat().st_size, (bundle.path / name).stat().st_mtime_ns]
-              for name in [MANIFEST, *bundle.manifest["files"]]}
+              for name in [MANIFEST, *bundle.info.files]}
     try:
         if json.loads(memo.read_text()) == stamps:
             return
@@ -188,9 +188,9 @@ def _check_once(bundle: Bundle, key: str) -> None:
 
 def _checked_variant(bundle_dir: Path, precision: str | None, device: str | None) -> Path:
     """A bundle is what it is: a precision or device asked for that it is not is refused, not ignored."""
-    manifest = Bundle(bundle_dir).manifest
+    manifest = Bundle(bundle_dir).info
     for asked, field in ((precision, "precision"), (device, "device")):
-        if asked is not None and manifest[field] != asked:
-            raise VibeVoiceError(f"{bundle_dir}: is a {manifest['device']}_{manifest['precision']} bundle, so its "
+        if asked is not None and getattr(manifest, field) != asked:
+            raise VibeVoiceError(f"{bundle_dir}: is a {manifest.device}_{manifest.precision} bundle, so its "
                                  f"{field} is not {asked}")
     return bundle_dir
