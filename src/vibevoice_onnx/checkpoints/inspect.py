@@ -13,10 +13,8 @@ from safetensors import safe_open
 
 from ..errors import CheckpointError
 from ..families import family
-from .configs import model_dims
-from .files import CheckpointFiles, open_checkpoint
-from .layouts import layout_for
-from .names import normalise_key
+from .checkpoint import Checkpoint
+from .files import CheckpointFiles
 
 _LAYER_INDEX = re.compile(r"^model\.(language_model|tts_language_model)\.layers\.(\d+)\.")
 
@@ -57,11 +55,9 @@ def non_finite_tensors(files: CheckpointFiles) -> list[str]:
     return sorted(found)
 
 
-def inspect_checkpoint(root: Path) -> dict:
-    files = open_checkpoint(Path(root))
-    dims = model_dims(files.config, source=str(Path(root) / "config.json"))
-    stored = {normalise_key(dims.kind, name): t for name, t in files.tensors.items()}
-    layout = layout_for(dims, set(stored))
+def inspect_checkpoint(source: Checkpoint | Path) -> dict:
+    checkpoint = Checkpoint.open(source)
+    root, files, dims, stored, layout = checkpoint.root, checkpoint.files, checkpoint.dims, checkpoint.stored, checkpoint.layout
     expected = layout.by_name()
 
     missing = sorted(set(expected) - set(stored))
@@ -85,10 +81,10 @@ def inspect_checkpoint(root: Path) -> dict:
         )
     unused = [t.name for t in layout.tensors if not t.used]
     non_finite = non_finite_tensors(files)
-    tokenizer = Path(root) / "tokenizer.json"
-    streaming, streaming_problem = _streaming(Path(root), tokenizer) if family(dims.kind).streams_audio else (None, None)
+    tokenizer = root / "tokenizer.json"
+    streaming, streaming_problem = _streaming(root, tokenizer) if family(dims.kind).streams_audio else (None, None)
     return {
-        "path": str(Path(root)),
+        "path": str(root),
         "kind": dims.kind,
         "ok": not (missing or unexpected or shape_mismatches or non_finite or streaming_problem),
         "streaming": streaming,

@@ -18,12 +18,12 @@ from pathlib import Path
 import onnx
 from safetensors.numpy import save_file
 
-from ..checkpoints.configs import model_dims
-from ..checkpoints.files import checkpoint_hash, open_checkpoint
+from ..checkpoints.checkpoint import Checkpoint
 from ..errors import VibeVoiceError
 from ..families import family, stage
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
+from ..runtime.manifest import Manifest
 from .graphs import OPSET, export_graph
 
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
@@ -99,7 +99,7 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
         kept.append(f"voices/{voice.name}")
         log(f"  kept voice {voice.stem} from the previous bundle")
     if kept:
-        write_manifest(new_bundle, record_files(new_bundle, bundle.manifest, kept))
+        write_manifest(new_bundle, record_files(new_bundle, bundle.info.to_dict(), kept))
 
 
 def _exporter(kind: str):
@@ -128,14 +128,15 @@ def reusable_fp32(kind_root: Path, source_hash: str, profile=None) -> Path | Non
 
     for candidate in sorted(Path(kind_root).glob(f"*_fp32{profile.suffix if profile else ''}")):
         try:
-            manifest = Bundle(candidate).manifest
+            manifest = Manifest.read(candidate)
         except VibeVoiceError:
             continue
-        same_tools = {k: manifest["tools"].get(k) for k in ("torch", "transformers", "onnx", "onnxscript")} == {
+        same_tools = {k: manifest.tools.get(k) for k in ("torch", "transformers", "onnx", "onnxscript")} == {
             k: tool_versions()[k] for k in ("torch", "transformers", "onnx", "onnxscript")}
-        same_profile = manifest.get("profile", {}).get("name") is None if profile is None else \
-            {k: manifest.get("profile", {}).get(k) for k in profile.manifest()} == profile.manifest()
-        if manifest["source"]["hash"] == source_hash and manifest["precision"] == "fp32" and same_tools and same_profile:
+        recorded_profile = manifest.profile or {}
+        same_profile = recorded_profile.get("name") is None if profile is None else \
+            {k: recorded_profile.get(k) for k in profile.manifest()} == profile.manifest()
+        if manifest.source_hash == source_hash and manifest.precision == "fp32" and same_tools and same_profile:
             return candidate
     return None
 
@@ -153,7 +154,7 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
     checkpoint, are copied from it with its host tensors (they stay fp32 in every precision)."""
     from .streaming import export_streamed
 
-    kept = json.loads((sibling / MANIFEST).read_text())["graphs"] if sibling else {}
+    kept = Manifest.read(sibling).graphs if sibling else {}
     graphs = {}
     for spec in exporter.graph_specs(model):
         deferred = exporter.streamed_weights(spec, model) if hasattr(exporter, "streamed_weights") else {}
@@ -175,13 +176,13 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
 
 def _copied_graphs(source: Path, tmp: Path) -> dict:
     """The fp32 sibling's graphs, host tensors and voices (a voice fits every precision of its model)."""
-    manifest = json.loads((source / MANIFEST).read_text())
-    for graph in manifest["graphs"].values():
+    manifest = Manifest.read(source)
+    for graph in manifest.graphs.values():
         _copy_graph(source, graph, tmp)
-    shutil.copyfile(source / manifest["host_tensors"], tmp / HOST_TENSORS)
+    shutil.copyfile(source / manifest.host_tensors, tmp / HOST_TENSORS)
     shutil.copytree(source / "voices", tmp / "voices", ignore=shutil.ignore_patterns(".*"))
     log(f"  kept {len(list((tmp / 'voices').glob('*.safetensors')))} voice(s) of {source}")
-    return manifest["graphs"]
+    return manifest.graphs
 
 
 def _convert_precision(kind: str, profile, precision: str, graphs: dict, tmp: Path) -> None:
@@ -230,19 +231,18 @@ def build_cost(kind: str, precision: str, parameters: int) -> tuple[float, float
     return seconds_per_billion * billions / 60, max(1.0, gb_per_billion * billions)
 
 
-def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
+def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
                  tokenizer: Path | None = None, profile=None, origin: dict | None = None) -> Path:
     """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile. `origin`: what else the
     manifest records of where the checkpoint came from (a Hub repository, its commit, the tokenizer's)."""
     check_variant(device, precision)
-    checkpoint = Path(checkpoint)
-    files = open_checkpoint(checkpoint)
-    dims = model_dims(files.config, str(checkpoint / "config.json"))
+    checkpoint = Checkpoint.open(source)
+    files, dims = checkpoint.files, checkpoint.dims
     if profile is not None:
         profile.check_kind(dims.kind)
     exporter = _exporter(dims.kind) if profile is None else profile.exporter()
-    tokenizer_path = resolve_tokenizer(checkpoint, tokenizer)
-    preprocessor = _preprocessor(checkpoint, dims.kind)
+    tokenizer_path = resolve_tokenizer(checkpoint.root, tokenizer)
+    preprocessor = _preprocessor(checkpoint.root, dims.kind)
     from .precision import policy
 
     schemes = policy(dims.kind, precision, profile)  # refuses a kind without one before any work
@@ -250,7 +250,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
     final = Path(out_root) / dims.kind / f"{device}_{precision}{profile.suffix if profile else ''}"
     started = time.perf_counter()
     log("  hashing the source checkpoint")
-    source_hash = checkpoint_hash(checkpoint, files)
+    source_hash = checkpoint.hash
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32.
     source = reusable_fp32(final.parent, source_hash, profile) if precision != "fp32" else None
@@ -273,7 +273,7 @@ def build_bundle(checkpoint: Path, out_root: Path = Path("onnx"), precision: str
             "precision": precision,
             "device": device,
             "opset": OPSET,
-            "source": {"path": str(checkpoint.resolve()), "hash": source_hash, **(origin or {})},
+            "source": {"path": str(checkpoint.root.resolve()), "hash": source_hash, **(origin or {})},
             "config": files.config,
             **preprocessor,
             "tokenizer": {"file": "tokenizer.json", "from": str(tokenizer_path.resolve())},

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoints.configs import model_dims
+from ..checkpoints.checkpoint import Checkpoint
 from ..checkpoints.files import checkpoint_hash, open_checkpoint
 from ..errors import VibeVoiceError
 from ..runtime.bundle import MANIFEST, Bundle
@@ -115,27 +115,27 @@ def source_lock(source: Source):
     return FileLock(str(source.folder) + ".lock")
 
 
-def build_and_verify(checkpoint: Path, source: Source, precision: str, device: str, tokenizer: Path | None,
+def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, precision: str, device: str, tokenizer: Path | None,
                      log) -> Path:
     """The cached bundle of `checkpoint` at this precision and device: built and verified on first use (under
     the source's lock), found at once later. Its verdict is recorded in its manifest, as `verify` records it;
     whoever opens the bundle then admits or refuses it by that verdict. The build and the verification run in a
     child process: torch and the reference's memory are gone before the bundle is used, and this process's
     onnxruntime settings (one shared thread pool) stay its own."""
-    dims = model_dims(open_checkpoint(checkpoint).config, str(Path(checkpoint) / "config.json"))
-    target = source.bundle(dims.kind, device, precision)
-    if complete(target) and Bundle(target).manifest.get("parity"):
+    checkpoint = Checkpoint.open(source_checkpoint)
+    target = source.bundle(checkpoint.kind, device, precision)
+    if complete(target) and Bundle(target).info.verified:
         return target
     require_export_extra()
     with source_lock(source):
-        if not complete(target) or not Bundle(target).manifest.get("parity"):
+        if not complete(target) or not Bundle(target).info.verified:
             if not complete(target):
-                log(estimate(checkpoint, dims.kind, precision))
+                log(estimate(checkpoint, precision))
             started = time.perf_counter()
-            _child({"checkpoint": str(checkpoint), "out_root": str(source.folder), "precision": precision,
+            _child({"checkpoint": str(checkpoint.root), "out_root": str(source.folder), "precision": precision,
                     "device": device, "tokenizer": str(tokenizer) if tokenizer else None, "source": source.record})
             _write_json(source.folder / SOURCE_RECORD, source.record)
-            parity = Bundle(target).manifest.get("parity") or {}
+            parity = Bundle(target).info.parity or {}
             log(f"{target}: built and verified in {time.perf_counter() - started:.0f} s: "
                 + ("every gate passes" if parity.get("passed") else "FAILED its gates (" + failed_gates(parity) + ")"))
     return target
@@ -172,16 +172,16 @@ def _build_here(job: dict) -> int:
     from ..export.build import build_bundle
     from ..verify.common import verify_bundle
 
-    dims = model_dims(open_checkpoint(Path(job["checkpoint"])).config)
-    target = Path(job["out_root"]) / dims.kind / f"{job['device']}_{job['precision']}"
+    checkpoint = Checkpoint.open(job["checkpoint"])  # once: the build and the verification share it (and its hash)
+    target = Path(job["out_root"]) / checkpoint.kind / f"{job['device']}_{job['precision']}"
     try:
         if not complete(target):
-            build_bundle(Path(job["checkpoint"]), Path(job["out_root"]), job["precision"], job["device"],
+            build_bundle(checkpoint, Path(job["out_root"]), job["precision"], job["device"],
                          Path(job["tokenizer"]) if job["tokenizer"] else None, origin=job["source"])
-        if not Bundle(target).manifest.get("parity"):
+        if not Bundle(target).info.verified:
             print(f"verifying {target} against the PyTorch reference (once; the verdict is kept in the bundle)",
                   file=sys.stderr, flush=True)
-            verify_bundle(target, Path(job["checkpoint"]))
+            verify_bundle(target, checkpoint)
     except VibeVoiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -190,15 +190,15 @@ def _build_here(job: dict) -> int:
     return 0
 
 
-def estimate(checkpoint: Path, kind: str, precision: str) -> str:
+def estimate(checkpoint: Checkpoint, precision: str) -> str:
     """What the first build will cost, from the checkpoint's size and the costs measured on full-size builds."""
     from ..export.build import build_cost  # the export extra is there: this is about to build
 
-    files = open_checkpoint(checkpoint)
+    files, kind = checkpoint.files, checkpoint.kind
     parameters = sum(_elements(t.shape) for t in files.tensors.values())
     minutes, peak_gb = build_cost(kind, precision, parameters)
     duration = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
-    return (f"first use: building and verifying a {kind} {precision} bundle from {checkpoint} "
+    return (f"first use: building and verifying a {kind} {precision} bundle from {checkpoint.root} "
             f"({parameters / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
             f"{duration} and up to {peak_gb:.1f} GB of memory (later uses start at once)")
 

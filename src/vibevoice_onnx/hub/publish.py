@@ -11,6 +11,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..families import family
 from ..outputs import atomic_directory
 from ..runtime.bundle import MANIFEST, MODEL_CARD, Bundle, record_files, write_manifest
+from ..runtime.manifest import Manifest
 from .repos import Snapshot, hub_errors, parse_ref
 from .resolve import pull_bundle
 
@@ -19,15 +20,15 @@ def publishable(bundle_dir: Path) -> Bundle:
     """A bundle fit to publish: verified, every gate passed, every file the one its manifest records (a bundle
     built before files were recorded gets its record now)."""
     bundle = Bundle(bundle_dir)
-    parity = bundle.manifest.get("parity")
+    parity = bundle.info.parity
     if not parity:
         raise BundleError(f"{bundle.path}: has not been verified; run `vibevoice-onnx verify {bundle.path}` first: "
                           "only a bundle whose gates passed is published")
     if not parity.get("passed"):
         failed = ", ".join(g["name"] for g in parity.get("gates", []) if not g.get("passed"))
         raise BundleError(f"{bundle.path}: failed its parity gates ({failed}); it is not published")
-    if not bundle.manifest.get("files"):
-        write_manifest(bundle.path, record_files(bundle.path, bundle.manifest), "recording the bundle's file hashes")
+    if not bundle.info.files:
+        write_manifest(bundle.path, record_files(bundle.path, bundle.info.to_dict()), "recording the bundle's file hashes")
         bundle = Bundle(bundle.path)
     bundle.check_files()
     return bundle
@@ -35,7 +36,7 @@ def publishable(bundle_dir: Path) -> Bundle:
 
 def upload_plan(bundle: Bundle, repo_id: str, base_model: str | None = None) -> dict[str, Path | bytes]:
     """What goes into the repository: the bundle's recorded files, its manifest and the model card."""
-    plan: dict[str, Path | bytes] = {name: bundle.path / name for name in bundle.manifest["files"]}
+    plan: dict[str, Path | bytes] = {name: bundle.path / name for name in bundle.info.files}
     plan[MANIFEST] = bundle.path / MANIFEST
     plan[MODEL_CARD] = model_card(bundle, repo_id, base_model).encode()
     return plan
@@ -69,10 +70,10 @@ def push(bundle_dir: Path, repo_id: str, private: bool = False, revision: str | 
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         operations = [CommitOperationAdd(name, content if isinstance(content, bytes) else str(content))
                       for name, content in plan.items()]
-        manifest = bundle.manifest
+        manifest = bundle.info
         api.create_commit(repo_id, operations, revision=revision,
-                          commit_message=f"vibevoice-onnx {manifest['model_kind']} {manifest['device']}_"
-                                         f"{manifest['precision']} bundle, verified")
+                          commit_message=f"vibevoice-onnx {manifest.kind} {manifest.device}_"
+                                         f"{manifest.precision} bundle, verified")
     log(f"pushed {bundle.path} to {url}" + (f" (branch {revision})" if revision else ""))
     return str(url)
 
@@ -91,7 +92,7 @@ def pull(repo: str, revision: str | None = None, local_dir: Path | None = None, 
     if local_dir is None:
         return folder
     with atomic_directory(Path(local_dir)) as partial:
-        for name in [MANIFEST, *Bundle(folder).manifest["files"]]:
+        for name in [MANIFEST, *Bundle(folder).info.files]:
             (partial / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / name, partial / name)
     return Path(local_dir)
@@ -102,13 +103,13 @@ def model_card(bundle: Bundle, repo_id: str, base_model: str | None = None) -> s
     """README.md with the Hub's metadata and, in its body, what a user needs to trust and use the bundle."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    manifest, speaks = bundle.manifest, bundle.dims.head is not None
-    base_model = base_model or manifest["source"].get("repo")
+    manifest, speaks = bundle.info, bundle.dims.head is not None
+    base_model = base_model or manifest.source.get("repo")
     data = ModelCardData(
         license="mit", base_model=base_model, library_name="vibevoice-onnx",
         pipeline_tag="text-to-speech" if speaks else "automatic-speech-recognition",
-        tags=["vibevoice", "onnx", "vibevoice-onnx", manifest["model_kind"], manifest["precision"], manifest["device"]])
-    title = f"{base_model or manifest['model_kind']}: ONNX bundle ({manifest['device']}, {manifest['precision']})"
+        tags=["vibevoice", "onnx", "vibevoice-onnx", manifest.kind, manifest.precision, manifest.device])
+    title = f"{base_model or manifest.kind}: ONNX bundle ({manifest.device}, {manifest.precision})"
     body = "\n\n".join([
         f"# {title}",
         "A [vibevoice-onnx](https://pypi.org/project/vibevoice-onnx/) bundle: the model's graphs, host tensors, tokenizer"
@@ -117,10 +118,10 @@ def model_card(bundle: Bundle, repo_id: str, base_model: str | None = None) -> s
         "below and in `manifest.json` (`parity`), and every file's sha256 is recorded there (`files`), checked "
         "by `vibevoice-onnx pull` before use.",
         "## Use it\n\n```bash\npip install vibevoice-onnx\n" + usage(bundle, repo_id) + "\n```",
-        gate_section(manifest["parity"]),
+        gate_section(manifest.parity),
         precision_section(manifest),
         files_section(manifest),
-        bench_section(manifest.get("bench")),
+        bench_section(manifest.bench),
         "## Source\n\n" + source_lines(manifest),
     ])
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n").content
@@ -149,17 +150,17 @@ def gate_section(parity: dict) -> str:
             f"({parity.get('precision')}); every gate passed.\n\n" + "\n".join(rows))
 
 
-def precision_section(manifest: dict) -> str:
+def precision_section(manifest: Manifest) -> str:
     rows = ["| graph | scheme | weights |", "|---|---|---|"]
-    for name, graph in manifest["graphs"].items():
-        details = graph.get("precision") or {"scheme": manifest["precision"]}
+    for name, graph in manifest.graphs.items():
+        details = graph.get("precision") or {"scheme": manifest.precision}
         size = details.get("weight_bytes_after")
         rows.append(f"| {name} | {details.get('scheme', '?')} | {f'{size / 1e6:.1f} MB' if size else '-'} |")
-    return f"## Quantization policy ({manifest['precision']})\n\n" + "\n".join(rows)
+    return f"## Quantization policy ({manifest.precision})\n\n" + "\n".join(rows)
 
 
-def files_section(manifest: dict) -> str:
-    files = manifest["files"]
+def files_section(manifest: Manifest) -> str:
+    files = manifest.files
     total = sum(f["size"] for f in files.values())
     rows = ["| file | size | sha256 |", "|---|---|---|"]
     rows += [f"| {name} | {f['size'] / 1e6:.1f} MB | `{f['sha256'][:16]}…` |" for name, f in files.items()]
@@ -174,8 +175,8 @@ def bench_section(bench: dict | None) -> str:
             f"{bench['date']}:\n\n" + "\n".join(rows))
 
 
-def source_lines(manifest: dict) -> str:
-    source, tools = manifest["source"], manifest.get("tools", {})
+def source_lines(manifest: Manifest) -> str:
+    source, tools = manifest.source, manifest.tools
     lines = [f"- checkpoint: {source.get('repo', source.get('path'))}"
              + (f" at commit {source['commit']}" if source.get("commit") else "") + f" ({source['hash']})"]
     if source.get("tokenizer"):

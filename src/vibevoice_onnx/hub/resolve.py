@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+from ..checkpoints.checkpoint import Checkpoint
 from ..checkpoints.configs import PREPROCESSOR_CONFIG, model_dims, tokenizer_repo
 from ..checkpoints.files import INDEX_FILE, SINGLE_FILE, read_json
 from ..errors import BundleError, CheckpointError, VibeVoiceError
@@ -44,8 +45,9 @@ def resolve_bundle(ref: str | Path, precision: str | None = None, device: str | 
         if (local / MANIFEST).is_file():
             return _checked_variant(local, precision, device)
         if (local / "config.json").is_file():
-            return build_and_verify(local, Source.local(local), precision or DEFAULT_PRECISION, device or "cpu",
-                                    _tokenizer_for(local, tokenizer), log)
+            checkpoint = Checkpoint.open(local)
+            return build_and_verify(checkpoint, Source.local(local), precision or DEFAULT_PRECISION, device or "cpu",
+                                    _tokenizer_for(checkpoint, tokenizer), log)
         raise VibeVoiceError(f"{ref}: no {MANIFEST}, so this is not a complete vibevoice-onnx bundle, and no "
                              "config.json, so not a checkpoint either")
     hub = parse_ref(str(ref), revision)
@@ -72,9 +74,9 @@ def _from_hub(ref: HubRef, precision: str | None, device: str | None, tokenizer,
     config = read_json(snapshot.fetch("config.json", "config"), "config.json")
     kind = _vibevoice_kind(config, ref)
     target = source.bundle(kind, device, precision or DEFAULT_PRECISION)
-    if complete(target) and Bundle(target).manifest.get("parity"):
+    if complete(target) and Bundle(target).info.verified:
         return target  # built and verified before: no download, no build
-    checkpoint = fetch_checkpoint(snapshot, log)
+    checkpoint = Checkpoint.open(fetch_checkpoint(snapshot, log))
     tokenizer_path = _tokenizer_for(checkpoint, tokenizer, source.record)
     return build_and_verify(checkpoint, source, precision or DEFAULT_PRECISION, device, tokenizer_path, log)
 
@@ -121,19 +123,19 @@ def fetch_checkpoint(snapshot: Snapshot, log) -> Path:
     return snapshot.fetch_all(names, "checkpoint")
 
 
-def _tokenizer_for(checkpoint: Path, given, record: dict | None = None) -> Path | None:
+def _tokenizer_for(checkpoint: Checkpoint, given, record: dict | None = None) -> Path | None:
     """The tokenizer a build of `checkpoint` uses: the one given, else the checkpoint's own, else the Qwen2.5
     tokenizer that matches its LM, fetched from the Hub (named in `record`, the bundle's source record)."""
     if given is not None:
         return Path(given)
-    if (checkpoint / TOKENIZER_FILE).is_file():
+    if (checkpoint.root / TOKENIZER_FILE).is_file():
         return None  # build takes the checkpoint's own
-    preprocessor_path = checkpoint / PREPROCESSOR_CONFIG
+    preprocessor_path = checkpoint.root / PREPROCESSOR_CONFIG
     preprocessor = read_json(preprocessor_path, PREPROCESSOR_CONFIG) if preprocessor_path.is_file() else None
-    dims = model_dims(read_json(checkpoint / "config.json", "config.json"), str(checkpoint / "config.json"))
+    dims = checkpoint.dims
     repo = tokenizer_repo(dims, preprocessor)
     if repo is None:
-        raise VibeVoiceError(f"{checkpoint}: ships no {TOKENIZER_FILE}, and its LM (width {dims.lm.hidden}) is of no "
+        raise VibeVoiceError(f"{checkpoint.root}: ships no {TOKENIZER_FILE}, and its LM (width {dims.lm.hidden}) is of no "
                              "released Qwen2.5 size; pass --tokenizer with a Qwen2.5 tokenizer.json")
     ref = HubRef(repo)
     snapshot = Snapshot.open(ref)
@@ -175,7 +177,7 @@ def pull_bundle(snapshot: Snapshot, log=_log) -> Path:
 def _check_once(bundle: Bundle, key: str) -> None:
     memo = home() / "checked" / f"{key}.json"
     stamps = {name: [(bundle.path / name).stat().st_size, (bundle.path / name).stat().st_mtime_ns]
-              for name in [MANIFEST, *bundle.manifest["files"]]}
+              for name in [MANIFEST, *bundle.info.files]}
     try:
         if json.loads(memo.read_text()) == stamps:
             return
@@ -188,9 +190,9 @@ def _check_once(bundle: Bundle, key: str) -> None:
 
 def _checked_variant(bundle_dir: Path, precision: str | None, device: str | None) -> Path:
     """A bundle is what it is: a precision or device asked for that it is not is refused, not ignored."""
-    manifest = Bundle(bundle_dir).manifest
+    manifest = Bundle(bundle_dir).info
     for asked, field in ((precision, "precision"), (device, "device")):
-        if asked is not None and manifest[field] != asked:
-            raise VibeVoiceError(f"{bundle_dir}: is a {manifest['device']}_{manifest['precision']} bundle, so its "
+        if asked is not None and getattr(manifest, field) != asked:
+            raise VibeVoiceError(f"{bundle_dir}: is a {manifest.device}_{manifest.precision} bundle, so its "
                                  f"{field} is not {asked}")
     return bundle_dir

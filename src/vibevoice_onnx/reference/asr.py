@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..checkpoints.configs import ModelDims, model_dims
-from ..checkpoints.files import read_config
+from ..checkpoints.checkpoint import Checkpoint
+from ..checkpoints.configs import ModelDims
 from ..errors import CheckpointError
 from ..families import family
 from ..generation.common import LmStream
@@ -71,33 +71,35 @@ class AsrReference:
 LM_WEIGHTS = ("model.language_model.layers.", "lm_head.")  # 7.6 of the 8.3 B parameters at full size
 
 
-def _checked_dims(checkpoint: Path) -> ModelDims:
-    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
+def _opened(source: Checkpoint | Path) -> Checkpoint:
+    """The checkpoint opened (once), refused unless it is of a kind this reference loads."""
+    checkpoint = Checkpoint.open(source)
+    dims = checkpoint.dims
     if not family(dims.kind).capabilities.transcribes:
-        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not asr, asr-hf or asr-streaming")
-    return dims
+        raise CheckpointError(f"{checkpoint.root}: is a {dims.kind} checkpoint, not asr, asr-hf or asr-streaming")
+    return checkpoint
 
 
-def load_asr(checkpoint: Path, compact: bool = False) -> AsrReference:
+def load_asr(checkpoint: Checkpoint | Path, compact: bool = False) -> AsrReference:
     from .loading import load_transformers_model
 
-    dims = _checked_dims(checkpoint)
-    return AsrReference(load_transformers_model(checkpoint, compact), dims)
+    checkpoint = _opened(checkpoint)
+    return AsrReference(load_transformers_model(checkpoint, compact), checkpoint.dims)
 
 
-def load_asr_skeleton(checkpoint: Path) -> AsrReference:
+def load_asr_skeleton(checkpoint: Checkpoint | Path) -> AsrReference:
     """The reference with the LM's layers and head left in the shards (placeholders, see load_skeleton);
     `deferred` says where each of those weights is stored."""
     from .loading import load_skeleton
 
-    dims = _checked_dims(checkpoint)
-    model, deferred = load_skeleton(Path(checkpoint), lambda target: target.startswith(LM_WEIGHTS))
-    reference = AsrReference(model, dims)
+    checkpoint = _opened(checkpoint)
+    model, deferred = load_skeleton(checkpoint, lambda target: target.startswith(LM_WEIGHTS))
+    reference = AsrReference(model, checkpoint.dims)
     reference.deferred = deferred
     return reference
 
 
-def load_asr_layer_streamed(checkpoint: Path) -> AsrReference:
+def load_asr_layer_streamed(checkpoint: Checkpoint | Path) -> AsrReference:
     """The fp32 reference for a model that cannot be held: the LM's layers and head streamed from the shards
     as they run (see loading.stream_layers), the encoders and the embedding in memory."""
     from .loading import stream_layers

@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ..checkpoints.configs import model_dims
-from ..checkpoints.files import CheckpointFiles, open_checkpoint, read_config
+from ..checkpoints.checkpoint import Checkpoint
+from ..checkpoints.files import CheckpointFiles
 from ..checkpoints.inspect import inspect_checkpoint
 from ..checkpoints.names import normalise_key, realtime_to_reference
 from ..errors import CheckpointError
@@ -33,9 +33,10 @@ def _listing(names: list[str], limit: int = 10) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def check_layout(root: Path) -> dict:
+def check_layout(checkpoint: Checkpoint) -> dict:
     """Raise with the offending names unless the checkpoint matches its layout exactly."""
-    report = inspect_checkpoint(root)
+    report = inspect_checkpoint(checkpoint)
+    root = checkpoint.root
     problems = []
     if report["missing"]:
         problems.append(f"{len(report['missing'])} missing ({_listing(report['missing'])})")
@@ -182,34 +183,34 @@ def fp32_model_fits(files: CheckpointFiles, bytes_per_parameter: int = 4, beside
     return available is None or parameters * bytes_per_parameter * 1.2 + beside <= available
 
 
-def load_realtime(root: Path):
+def load_realtime(source: Checkpoint | Path):
     """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict)."""
     from .realtime import RealtimeModel
 
-    root = Path(root)
-    check_layout(root)
-    files = open_checkpoint(root)
-    dims = model_dims(files.config, str(root / "config.json"))
-    if not family(dims.kind).split_lm:  # RealtimeModel: a text-only LM under the TTS LM
-        raise CheckpointError(f"{root}: is a {dims.kind} checkpoint, not realtime")
-    print(f"loading {root} into the PyTorch reference", file=sys.stderr, flush=True)
+    checkpoint = Checkpoint.open(source)
+    check_layout(checkpoint)
+    dims = checkpoint.dims
+    if not checkpoint.family.split_lm:  # RealtimeModel: a text-only LM under the TTS LM
+        raise CheckpointError(f"{checkpoint.root}: is a {dims.kind} checkpoint, not realtime")
+    print(f"loading {checkpoint.root} into the PyTorch reference", file=sys.stderr, flush=True)
     model = RealtimeModel(dims)
-    load_into(model, files, dims.kind, realtime_to_reference)
+    load_into(model, checkpoint.files, dims.kind, realtime_to_reference)
     return model.eval()
 
 
-def load_transformers_model(root: Path, compact: bool = False):
+def load_transformers_model(source: Checkpoint | Path, compact: bool = False):
     """Load a 1.5B, codes-layout ASR or ASR-HF checkpoint into its transformers 5.23 class (strict); see
     load_into for `compact`."""
-    if family(model_dims(read_config(Path(root)), str(Path(root) / "config.json")).kind).split_lm:
-        return load_realtime(root)  # transformers has no class for the realtime model
-    return _load_hf(Path(root), compact, None)[0]
+    checkpoint = Checkpoint.open(source)
+    if checkpoint.family.split_lm:
+        return load_realtime(checkpoint)  # transformers has no class for the realtime model
+    return _load_hf(checkpoint, compact, None)[0]
 
 
-def load_skeleton(root: Path, defer: Callable[[str], bool]) -> tuple[nn.Module, dict[str, DeferredWeight]]:
+def load_skeleton(source: Checkpoint | Path, defer: Callable[[str], bool]) -> tuple[nn.Module, dict[str, DeferredWeight]]:
     """The transformers model with the targets `defer` selects left in the shards (see load_into): only the
     rest is ever in memory, so a 7B model can be exported on a machine that could not hold it in fp32."""
-    return _load_hf(Path(root), False, defer)
+    return _load_hf(Checkpoint.open(source), False, defer)
 
 
 def stream_layers(model: nn.Module, deferred: dict[str, DeferredWeight], owners: list[str]) -> None:
@@ -240,10 +241,9 @@ def _to_transformers(names: str | None, tied_head: bool) -> tuple[Rename, tuple[
     return (lambda name: None if name == HEAD else rename(name)), (HEAD,)
 
 
-def _load_hf(root: Path, compact: bool, defer):
-    report = check_layout(root)
-    files = open_checkpoint(root)
-    dims = model_dims(files.config, str(root / "config.json"))
+def _load_hf(checkpoint: Checkpoint, compact: bool, defer):
+    report = check_layout(checkpoint)
+    files, dims = checkpoint.files, checkpoint.dims
     from .hf_models import build_hf_model
 
     if defer is None:

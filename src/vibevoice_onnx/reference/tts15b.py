@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims, model_dims
-from ..checkpoints.files import read_config
+from ..checkpoints.checkpoint import Checkpoint
+from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims
 from ..errors import CheckpointError
 from ..generation.common import Steering, whole_head_at
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
@@ -52,35 +52,37 @@ class Tts15bReference:
 LM_LAYERS = "model.language_model.layers."  # Large: 6.5 of its 9.3 B parameters (and 0.5 in its head)
 
 
-def _checked_dims(checkpoint: Path) -> ModelDims:
-    dims = model_dims(read_config(Path(checkpoint)), str(Path(checkpoint) / "config.json"))
+def _opened(source: Checkpoint | Path) -> Checkpoint:
+    """The checkpoint opened (once), refused unless it is of a kind this reference loads."""
+    checkpoint = Checkpoint.open(source)
+    dims = checkpoint.dims
     if dims.kind not in LONG_FORM_KINDS:
-        raise CheckpointError(f"{checkpoint}: is a {dims.kind} checkpoint, not {' or '.join(LONG_FORM_KINDS)}")
-    return dims
+        raise CheckpointError(f"{checkpoint.root}: is a {dims.kind} checkpoint, not {' or '.join(LONG_FORM_KINDS)}")
+    return checkpoint
 
 
-def load_tts15b(checkpoint: Path, compact: bool = False) -> Tts15bReference:
+def load_tts15b(checkpoint: Checkpoint | Path, compact: bool = False) -> Tts15bReference:
     """The strict reference of a 1.5B or Large checkpoint; `compact` keeps the large weights in their stored
     bf16 and computes in fp32 (same numbers, half the memory: verify runs it beside the bundle's sessions)."""
     from .loading import load_transformers_model
 
-    dims = _checked_dims(checkpoint)
-    return Tts15bReference(load_transformers_model(checkpoint, compact), dims)
+    checkpoint = _opened(checkpoint)
+    return Tts15bReference(load_transformers_model(checkpoint, compact), checkpoint.dims)
 
 
-def load_tts15b_skeleton(checkpoint: Path) -> Tts15bReference:
+def load_tts15b_skeleton(checkpoint: Checkpoint | Path) -> Tts15bReference:
     """The reference with the LM's layers left in the shards (placeholders, see loading.load_skeleton) and
     `deferred` saying where each is stored: what a memory-bounded build traces and streams."""
     from .loading import load_skeleton
 
-    dims = _checked_dims(checkpoint)
-    model, deferred = load_skeleton(Path(checkpoint), lambda target: target.startswith(LM_LAYERS) or target == "lm_head.weight")
-    reference = Tts15bReference(model, dims)
+    checkpoint = _opened(checkpoint)
+    model, deferred = load_skeleton(checkpoint, lambda target: target.startswith(LM_LAYERS) or target == "lm_head.weight")
+    reference = Tts15bReference(model, checkpoint.dims)
     reference.deferred = deferred
     return reference
 
 
-def load_tts15b_layer_streamed(checkpoint: Path) -> Tts15bReference:
+def load_tts15b_layer_streamed(checkpoint: Checkpoint | Path) -> Tts15bReference:
     """The exact fp32 reference of a model too large to hold: its LM layers read from the shards as they run."""
     from .loading import stream_layers
 

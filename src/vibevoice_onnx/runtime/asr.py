@@ -40,7 +40,7 @@ class OnnxAsrBackend:
         self.acoustic_std = bundle.dims.acoustic_encoder.sample_std
         self.lm = OnnxLm(bundle, "lm")
         self.sessions = {name: bundle.session(name) for name in ("lm_head", "audio_connector")}
-        missing = [n for n in ENCODERS if n not in bundle.manifest["graphs"]]
+        missing = [n for n in ENCODERS if n not in bundle.info.graphs]
         if missing:
             raise VibeVoiceError(f"{bundle.path}: has no {missing[0]} graph (an ASR bundle of an earlier version); "
                                  "rebuild it with this version")

@@ -13,13 +13,11 @@ import numpy as np
 
 from ..checkpoints.configs import ModelDims, model_dims
 from ..errors import BundleError, VibeVoiceError
-from ..families import KINDS, family
+from ..families import family
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
+from .manifest import FORMAT_VERSION, MANIFEST, Manifest, damaged, recordable, validate_manifest  # noqa: F401 (their old home)
 
-FORMAT_VERSION = 4  # 2: the diffusion head split in two graphs; 3: one streaming decoder graph serves every decode;
-# 4: LM graphs over fixed-capacity KV caches written in place (GroupQueryAttention)
-MANIFEST = "manifest.json"
 HOST_TENSORS = "host.safetensors"
 MODEL_CARD = "README.md"  # a pushed bundle's model card: documentation, never loaded
 VOICES = "voices"
@@ -31,15 +29,6 @@ def voice_path(bundle_dir: Path, name: str) -> Path:
     if not _VOICE_NAME.fullmatch(name):
         raise VibeVoiceError(f"'{name}' is not a usable voice name (letters, digits, '.', '_', '-'; at most 64)")
     return Path(bundle_dir) / VOICES / f"{name}.safetensors"
-
-
-_PLAIN_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_BUNDLE_FILE = re.compile(r"(voices/)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a bundle's `files` record may name
-
-
-def recordable(name) -> bool:
-    """A name the `files` record may hold: a plain file of the bundle or of its voices/ folder, never a path out."""
-    return isinstance(name, str) and bool(_BUNDLE_FILE.fullmatch(name)) and ".." not in name
 
 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
@@ -107,55 +96,9 @@ def record_files(bundle_dir: Path, manifest: dict, names: list[str] | None = Non
     return {**manifest, "files": dict(sorted(files.items()))}
 
 
-def damaged(path: Path, problem: str) -> BundleError:
-    return BundleError(f"{path}: this bundle is damaged: {problem} (rebuild it with `vibevoice-onnx build`)")
-
-
 def _first_line(error: Exception, limit: int = 200) -> str:
     text = str(error).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:limit]
-
-
-def validate_manifest(manifest, path: Path) -> None:
-    """Check the manifest's structure before anything trusts it: types, and file names that stay inside the
-    bundle (a manifest naming ../ paths could otherwise make the runtime open files elsewhere)."""
-
-    def fail(problem: str):
-        raise damaged(path, f"the manifest {problem}")
-
-    def plain_file(value, field: str):
-        if not (isinstance(value, str) and _PLAIN_FILE.fullmatch(value) and ".." not in value):
-            fail(f"names '{value}' as {field}, which is not a plain file name inside the bundle")
-
-    if not isinstance(manifest, dict):
-        fail(f"must be a JSON object, found {type(manifest).__name__}")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise BundleError(f"{path}: bundle format {version} is not supported (expected {FORMAT_VERSION}); "
-                          "build the bundle again with this version's `vibevoice-onnx build`")
-    for key, kind in (("model_kind", str), ("precision", str), ("device", str), ("config", dict), ("graphs", dict),
-                      ("tokenizer", dict), ("source", dict), ("host_tensors", str)):
-        if not isinstance(manifest.get(key), kind):
-            fail(f"has no valid '{key}' ({'an object' if kind is dict else 'a string'} expected)")
-    if manifest["model_kind"] not in KINDS:
-        fail(f"has an unknown model_kind '{manifest['model_kind']}'")
-    if not isinstance(manifest.get("parity"), (dict, type(None))):
-        fail("has a 'parity' record that is not an object")
-    files = manifest.get("files")
-    if files is not None and not (isinstance(files, dict) and all(recordable(n) and isinstance(f, dict) for n, f in files.items())):
-        fail("has a 'files' record that names something other than the bundle's own files")
-    plain_file(manifest["host_tensors"], "host tensors")
-    plain_file(manifest["tokenizer"].get("file"), "tokenizer")
-    for name, graph in manifest["graphs"].items():
-        if not isinstance(graph, dict):
-            fail(f"has a graph entry '{name}' that is not an object")
-        plain_file(graph.get("file"), f"the file of graph '{name}'")
-        if graph.get("external_data") is not None:
-            plain_file(graph["external_data"], f"the external data of graph '{name}'")
-        for side in ("inputs", "outputs"):
-            values = graph.get(side)
-            if not (isinstance(values, list) and values and all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in values)):
-                fail(f"has no valid '{side}' list for graph '{name}'")
 
 
 _shared_pool_threads: int | None = None  # set once share_threads() has made this process's one pool
@@ -241,15 +184,9 @@ class Bundle:
 
     def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None):
         self.path = Path(path)
-        manifest_path = self.path / MANIFEST
-        if not manifest_path.is_file():
-            raise BundleError(f"{self.path}: no {MANIFEST}, so this is not a complete vibevoice-onnx bundle")
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise damaged(manifest_path, f"not valid JSON ({e})") from None
-        validate_manifest(self.manifest, manifest_path)
-        for name, graph in self.manifest["graphs"].items():
+        self.info = Manifest.read(self.path)  # the manifest, checked and typed: read its fields here
+        self.manifest = self.info.raw  # the same manifest as the dict it was read from, for code not yet on `info`
+        for name, graph in self.info.graphs.items():
             for file in (graph["file"], graph.get("external_data")):
                 if file and not (self.path / file).is_file():
                     raise damaged(self.path / file, f"the graph file of '{name}' is missing")
@@ -263,7 +200,7 @@ class Bundle:
     def default_providers(self) -> list[str]:
         """The device the bundle was built for; a CUDA bundle without a CUDA provider is refused, never run
         on the CPU behind the user's back."""
-        if self.manifest["device"] != "cuda":
+        if self.info.device != "cuda":
             return ["CPUExecutionProvider"]
         import onnxruntime as ort
 
@@ -285,23 +222,23 @@ class Bundle:
 
     @property
     def kind(self) -> str:
-        return self.manifest["model_kind"]
+        return self.info.kind
 
     @cached_property
     def dims(self) -> ModelDims:
-        return model_dims(self.manifest["config"], str(self.path / MANIFEST))
+        return model_dims(self.info.config, str(self.info.path))
 
     @property
     def profile(self) -> str:
         """"dynamic" (the default build), or "fixed" (`build --profile fixed`: static shapes, export/fixed.py)."""
-        return self.manifest.get("profile", {}).get("name", "dynamic")
+        return self.info.profile_name
 
     @cached_property
     def streaming_geometry(self):
         """ASR-Streaming's windows, from the checkpoint's preprocessor config the build recorded."""
         from ..checkpoints.configs import streaming_geometry
 
-        return streaming_geometry(self.manifest.get("preprocessor"), f"{self.path / MANIFEST}: the preprocessor record")
+        return streaming_geometry(self.info.preprocessor, f"{self.info.path}: the preprocessor record")
 
     def require_kind(self, *kinds: str) -> None:
         if self.kind not in kinds:
@@ -313,8 +250,7 @@ class Bundle:
         a bundle whose gates failed, and a reduced-precision one whose closed loop has not run (a quantized
         graph that passes its own gate can still ruin generation once its errors feed back). Callers skip it
         when asked to (--force, force=True)."""
-        parity = self.manifest.get("parity")
-        precision = self.manifest["precision"]
+        parity, precision = self.info.parity, self.info.precision
         if parity and not parity.get("passed"):
             failed = ", ".join(g["name"] for g in parity["gates"] if not g["passed"])
             raise BundleError(f"{self.path}: failed its parity gates ({failed}), so it is not usable; "
@@ -326,8 +262,8 @@ class Bundle:
     def check_files(self) -> None:
         """Every file of the bundle is the one its manifest records (size and sha256), and no file is there that
         it does not record: what pull and push rely on, whoever changed a file on the way."""
-        recorded = self.manifest.get("files")
-        if not isinstance(recorded, dict) or not recorded:
+        recorded = self.info.files
+        if not recorded:
             raise BundleError(f"{self.path}: its manifest records no file hashes, so its files cannot be checked "
                               "(build it again with this version)")
         present = bundle_files(self.path)
@@ -347,7 +283,7 @@ class Bundle:
         if name not in self._sessions:
             import onnxruntime as ort
 
-            if name not in self.manifest["graphs"]:
+            if name not in self.info.graphs:
                 raise BundleError(f"{self.path}: the bundle has no '{name}' graph")
             options = self.session_options
             if options is None:
@@ -359,13 +295,13 @@ class Bundle:
                 # on every call (full-size realtime decoder: ~10 ms less a frame). Their memory pattern is off: it
                 # would keep one whole-plan block per input shape (the first frame alone, then groups), where the
                 # arena reuses its chunks across shapes (realtime int8 peak 1.07 -> 1.03 GB at the same speed).
-                streaming = bool(self.manifest["graphs"][name].get("states"))
+                streaming = bool(self.info.graphs[name].get("states"))
                 options.enable_cpu_mem_arena = streaming
                 options.enable_mem_pattern = not streaming
             elif _shared_pool_threads is not None and options.use_per_session_threads:
                 raise VibeVoiceError("this process shares one onnxruntime thread pool (share_threads): session "
                                      "options must set use_per_session_threads = False")
-            path = self.path / self.manifest["graphs"][name]["file"]
+            path = self.path / self.info.graphs[name]["file"]
             try:
                 session = ort.InferenceSession(str(path), options, providers=self.providers)
             except Exception as e:  # onnxruntime raises its own pybind classes (InvalidProtobuf, Fail, ...)
@@ -378,11 +314,11 @@ class Bundle:
         self._sessions.pop(name, None)
 
     def graph(self, name: str) -> dict:
-        return self.manifest["graphs"][name]
+        return self.info.graphs[name]
 
     @cached_property
     def host(self) -> dict[str, np.ndarray]:
-        path = self.path / self.manifest["host_tensors"]
+        path = self.path / self.info.host_tensors
         try:
             return map_safetensors(path)
         except FileNotFoundError:
@@ -393,17 +329,17 @@ class Bundle:
     def host_tensors(self, *names: str) -> list[np.ndarray]:
         missing = [n for n in names if n not in self.host]
         if missing:
-            raise damaged(self.path / self.manifest["host_tensors"], f"no {', '.join(missing)} in the host tensors")
+            raise damaged(self.path / self.info.host_tensors, f"no {', '.join(missing)} in the host tensors")
         for name in names:  # the small ones (scales, type rows) are where a NaN would hide; checking is cheap
             if self.host[name].size <= 1 << 16 and not np.isfinite(np.asarray(self.host[name], np.float32)).all():
-                raise damaged(self.path / self.manifest["host_tensors"], f"host tensor {name} holds NaN or infinity")
+                raise damaged(self.path / self.info.host_tensors, f"host tensor {name} holds NaN or infinity")
         return [self.host[n] for n in names]
 
     @cached_property
     def tokenizer(self):
         from ..text import load_tokenizer
 
-        return load_tokenizer(self.path / self.manifest["tokenizer"]["file"])
+        return load_tokenizer(self.path / self.info.tokenizer_file)
 
     # -- voices -----------------------------------------------------------------------------------------
     def voices(self) -> list[str]:

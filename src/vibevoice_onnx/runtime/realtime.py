@@ -79,7 +79,7 @@ class OnnxRealtimeBackend:
 
     def open_graphs(self, bundle: Bundle) -> None:
         self.max_positions = bundle.dims.tts_lm.max_positions
-        self.sessions = {name: bundle.session(name) for name in bundle.manifest["graphs"]}
+        self.sessions = {name: bundle.session(name) for name in bundle.info.graphs}
         self.lms = {name: OnnxLm(bundle, name) for name in ("lower_lm", "upper_lm")}
         self.head = OnnxDiffusionHead(bundle)
         self.decoder = StreamingConv(bundle, "acoustic_decoder_stream")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..audio import db_normalize, read_audio
+from ..checkpoints.checkpoint import Checkpoint
 from ..generation.asr import (TranscriptionResult, audio_embeddings, encoder_means, forced_logits, greedy_agreement,
                               run_transcription, stop_ids, transcribe_tokens)
 from ..reference.asr import AsrReference
@@ -136,19 +137,18 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
     return gate
 
 
-def load_reference(checkpoint: Path, log) -> AsrReference:
+def load_reference(checkpoint: Checkpoint, log) -> AsrReference:
     """The fp32 reference, its LM layers read from the shards as they run where the model does not fit."""
-    from ..checkpoints.files import open_checkpoint
     from ..reference.asr import load_asr, load_asr_layer_streamed
     from ..reference.loading import fp32_model_fits
 
-    if fp32_model_fits(open_checkpoint(checkpoint)):
+    if fp32_model_fits(checkpoint.files):
         return load_asr(checkpoint)
     log("  the fp32 reference does not fit in memory: its LM layers are read from the shards as they run")
     return load_asr_layer_streamed(checkpoint)
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     reference = load_reference(checkpoint, log)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")

@@ -7,10 +7,10 @@ smallest top-2 margin beside it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.checkpoint import Checkpoint
 from ..generation.asr_streaming import StreamingSession, WindowFeeder, forced_logits, pad_window, split_windows
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
@@ -62,7 +62,7 @@ def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: 
     return gates, {**info, "windows": len(windows), "chunk_stops": [c.stop_reason for c in chunks]}
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     reference = load_reference(checkpoint, log)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
+from ..checkpoints.checkpoint import Checkpoint
 from ..errors import VibeVoiceError
 from ..families import stage
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
@@ -309,8 +310,11 @@ def forced_gates(label: str, forced, theirs, detail: str, limits: Limits) -> tup
     return gates, curves
 
 
-def resolve_checkpoint(bundle: Bundle, checkpoint: Path | None) -> Path:
-    path = Path(checkpoint) if checkpoint else Path(bundle.manifest["source"]["path"])
+def resolve_checkpoint(bundle: Bundle, checkpoint: Checkpoint | Path | None) -> Checkpoint | Path:
+    """The checkpoint given (opened or not), else the one the bundle was built from, if it is still there."""
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    path = Path(checkpoint) if checkpoint else Path(bundle.info.source_path)
     if not (path / "config.json").is_file():
         raise VibeVoiceError(f"{path}: checkpoint not found; pass --checkpoint with the directory this bundle was built from")
     return path
@@ -322,32 +326,30 @@ def gates_of(kind: str):
 
 
 @torch.no_grad()
-def verify_bundle(bundle_dir: Path, checkpoint: Path | None = None, voice: str | None = None, log=None) -> dict:
+def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None, voice: str | None = None, log=None) -> dict:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     bundle = Bundle(Path(bundle_dir))
     module = gates_of(bundle.kind)
-    checkpoint = resolve_checkpoint(bundle, checkpoint)
-    from ..checkpoints.files import checkpoint_hash, open_checkpoint
-
-    if checkpoint_hash(checkpoint, open_checkpoint(checkpoint)) != bundle.manifest["source"]["hash"]:
-        raise VibeVoiceError(f"{checkpoint}: is not the checkpoint this bundle was built from (its hash differs)")
-    limits = LIMITS[bundle.manifest["precision"]]
+    checkpoint = Checkpoint.open(resolve_checkpoint(bundle, checkpoint))
+    if checkpoint.hash != bundle.info.source_hash:
+        raise VibeVoiceError(f"{checkpoint.root}: is not the checkpoint this bundle was built from (its hash differs)")
+    limits = LIMITS[bundle.info.precision]
     gates, info = module.run_gates(bundle, checkpoint, voice, log, limits)
     record = {
         "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": str(checkpoint.resolve()),
+        "checkpoint": str(checkpoint.root.resolve()),
         "reference": "fp32 PyTorch (transformers modules), CPU",
-        "precision": bundle.manifest["precision"],
+        "precision": bundle.info.precision,
         "thresholds": {**limits.describe(), "self_consistency_min_cosine": MIN_COSINE,
                        "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
-        **({} if bundle.manifest["precision"] == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
+        **({} if bundle.info.precision == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
         "loops": LOOP_REASONS,
         **info,
         "passed": all(g.passed for g in gates),
         "gates": [asdict(g) for g in gates],
     }
     try:
-        write_manifest(bundle.path, dict(bundle.manifest, parity=record), "recording the results")
+        write_manifest(bundle.path, dict(bundle.info.to_dict(), parity=record), "recording the results")
     except VibeVoiceError as e:
         record["not_recorded"] = str(e)
     return record

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
+from ..checkpoints.checkpoint import Checkpoint
 from ..families import family
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
@@ -213,7 +214,7 @@ def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.nd
     return closed_loop_logits(out)
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     from ..reference.loading import load_realtime
 
     model = load_realtime(checkpoint)

@@ -90,12 +90,12 @@ def graph_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, log, limit:
 
 def dynamic_sibling(bundle: Bundle) -> Bundle | None:
     """The default-profile bundle of the same checkpoint, device and precision beside this one, if built."""
-    path = bundle.path.parent / f"{bundle.manifest['device']}_{bundle.manifest['precision']}"
+    path = bundle.path.parent / f"{bundle.info.device}_{bundle.info.precision}"
     try:
         sibling = Bundle(path)
     except VibeVoiceError:  # absent or unreadable: the gate against it is then not run, and says so
         return None
-    return sibling if sibling.manifest["source"]["hash"] == bundle.manifest["source"]["hash"] else None
+    return sibling if sibling.info.source_hash == bundle.info.source_hash else None
 
 
 def against_dynamic(bundle: Bundle, runtime: FixedRealtimeBackend, prompt, ids, runs: dict) -> tuple[list[Gate], dict]:
@@ -104,7 +104,7 @@ def against_dynamic(bundle: Bundle, runtime: FixedRealtimeBackend, prompt, ids, 
     sibling = dynamic_sibling(bundle)
     if sibling is None:
         return [], {"against_dynamic": f"not run: no default-profile bundle at {bundle.path.parent}/"
-                                       f"{bundle.manifest['device']}_{bundle.manifest['precision']}"}
+                                       f"{bundle.info.device}_{bundle.info.precision}"}
     ours, dynamic = runs["free"], GenerationResult()
     noise = NoiseSource.from_seed(SEED, runtime.bundle.dims.head.latent)
     for _ in realtime_frames(OnnxRealtimeBackend(sibling), prompt, ids, noise, CFG_SCALE, STEPS, len(ours.latents),
@@ -118,7 +118,7 @@ def against_dynamic(bundle: Bundle, runtime: FixedRealtimeBackend, prompt, ids, 
 def mobile_notes(bundle: Bundle) -> list[str]:
     """verify's table shows what the build's usability check found for each graph."""
     lines = ["mobile usability (onnxruntime's checker; nodes each provider would take, partitions):"]
-    for name, graph in bundle.manifest["graphs"].items():
+    for name, graph in bundle.info.graphs.items():
         usability = graph.get("mobile") or {}
         cells = [f"{ep} {u['supported_nodes']}/{u['nodes']} in {u['partitions']}"
                  + (f" (not: {', '.join(op.split(':')[-1] for op in u['unsupported_ops'])})" if u['unsupported_ops'] else "")

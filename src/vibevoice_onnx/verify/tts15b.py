@@ -12,13 +12,13 @@ limits and free-running against the loop's own spread (verify.calibration).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
 from ..audio import SAMPLE_RATE, db_normalize
+from ..checkpoints.checkpoint import Checkpoint
 from ..families import family
 from ..generation.common import Teacher
 from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
@@ -250,15 +250,14 @@ def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndar
     return chosen + synthetic[len(chosen):], voice
 
 
-def load_reference(bundle: Bundle, checkpoint: Path, log) -> Tts15bReference:
+def load_reference(bundle: Bundle, checkpoint: Checkpoint, log) -> Tts15bReference:
     """bf16-stored and fp32-computed where that fits beside the bundle's sessions (1.5B); else (Large on a
     small machine) with its LM layers streamed from the shards: the same fp32 numbers, slower."""
-    from ..checkpoints.files import open_checkpoint
     from ..reference.loading import fp32_model_fits
     from ..reference.tts15b import load_tts15b, load_tts15b_layer_streamed
 
-    sessions = sum(bundle.weight_bytes(name) for name in bundle.manifest["graphs"])
-    if fp32_model_fits(open_checkpoint(checkpoint), bytes_per_parameter=2, beside=sessions):
+    sessions = sum(bundle.weight_bytes(name) for name in bundle.info.graphs)
+    if fp32_model_fits(checkpoint.files, bytes_per_parameter=2, beside=sessions):
         return load_tts15b(checkpoint, compact=True)
     log("  the reference does not fit beside the bundle: its LM layers are read from the shards as they run")
     return load_tts15b_layer_streamed(checkpoint)
@@ -274,7 +273,7 @@ def choice_head_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, pro
     return compare(f"choice logits (the {head}'s rows of the four picks)", ours, theirs, min_cosine=limit)
 
 
-def run_gates(bundle: Bundle, checkpoint: Path, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     reference = load_reference(bundle, checkpoint, log)
     runtime = OnnxTts15bBackend(bundle)
     gates = graph_gates(bundle, reference, runtime, log, limits.graph)
