@@ -57,7 +57,7 @@ def test_build_reads_the_geometry_and_the_1_5b_head_is_the_embedding(bundles, va
 
     bundle = Bundle(bundles[variant]["fp32"])
     checkpoint = bundles[variant]["checkpoint"]
-    assert bundle.manifest["preprocessor"] == json.loads((checkpoint / "preprocessor_config.json").read_text())
+    assert bundle.info.preprocessor == json.loads((checkpoint / "preprocessor_config.json").read_text())
     assert (bundle.streaming_geometry.chunk_samples, bundle.streaming_geometry.window_samples) == (70400, 83200)
     (embedding,) = bundle.host_tensors("embed_tokens")
     hidden = np.random.default_rng(0).standard_normal((2, embedding.shape[1])).astype(np.float32)
@@ -73,7 +73,7 @@ def test_verify_records_every_precisions_gates_and_the_admission_rule_follows_th
     from vibevoice_onnx.runtime.bundle import Bundle
 
     for precision in ("fp32", "int8", "int4"):
-        record = Bundle(bundles[variant][precision]).manifest["parity"]
+        record = Bundle(bundles[variant][precision]).info.parity
         names = [gate["name"] for gate in record["gates"]]
         assert "streaming loop, teacher-forced: greedy picks agree" in names
         assert any("one 26-frame window, cold" in name for name in names)

@@ -32,6 +32,6 @@ def test_one_opened_checkpoint_serves_build_and_verify(tiny_checkpoints, tmp_pat
     (root / INDEX_FILE).unlink(missing_ok=True)
 
     bundle = build_bundle(checkpoint, tmp_path / "onnx")
-    assert Bundle(bundle).manifest["source"]["hash"] == recorded_hash
+    assert Bundle(bundle).info.source_hash == recorded_hash
     record = verify_bundle(bundle, checkpoint, log=lambda message: None)
     assert record["passed"], [g["name"] for g in record["gates"] if not g["passed"]]

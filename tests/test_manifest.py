@@ -24,7 +24,7 @@ def test_the_fields_are_the_manifest_as_written(tiny_bundle):
     assert manifest.tokenizer_file == "tokenizer.json" and manifest.profile_name == "dynamic"
     assert manifest.to_dict() == raw
     bundle = Bundle(tiny_bundle)
-    assert bundle.manifest == raw and bundle.info == manifest  # the raw dict stays for code not yet on `info`
+    assert bundle.manifest == raw and bundle.info == manifest  # the dict as written stays readable
 
 
 @pytest.mark.parametrize("edit, sentence", [

@@ -157,10 +157,10 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     start = time.perf_counter()
     next(iter(bench_frames(backend, bundle, voice, 1, result_of(bundle.kind), **options)))
     warm_first_audio = time.perf_counter() - start
-    sizes = {name: bundle.weight_bytes(name) for name in bundle.manifest["graphs"]}
+    sizes = {name: bundle.weight_bytes(name) for name in bundle.info.graphs}
     read = sum(sizes[name] * stats["calls"] for name, stats in per_graph.items()) / frames
     return {
-        "bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+        "bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.info.precision,
         "gates": gate_status(bundle), "voice": voice, "frames": result.frames, "options": options,
         "shared_pool_threads": shared_pool_threads(), **run, "real_time_factor": run["wall_seconds"] / (result.frames * FRAME_SECONDS),
         "first_audio_seconds": run["chunk_times"][0], "warm_first_audio_seconds": warm_first_audio,
@@ -168,7 +168,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         "weight_bytes_per_frame": read, "peak_memory_bytes": peak_memory_bytes(),
         "weight_bytes": sum(sizes.values()), "graph_weight_bytes": sizes,
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
-        "host_tensor_bytes": (bundle.path / bundle.manifest["host_tensors"]).stat().st_size,
+        "host_tensor_bytes": (bundle.path / bundle.info.host_tensors).stat().st_size,
     }
 
 
@@ -214,7 +214,7 @@ def run_streams(bundle_dir: Path, frames: int, streams: int, voice: str | None, 
         runs[count] = {**timed_streams(generations), "voices": [voices[k % len(voices)] for k in range(count)],
                        "graphs": graph_costs(timings, frames), "batches": batch_sizes(batch)}
     alone, together = runs[1], runs[streams]
-    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.info.precision,
             "gates": gate_status(bundle), "frames": frames, "options": options, "streams": streams,
             "alone": alone, "together": together, "throughput_ratio": together["throughput"] / alone["throughput"],
             "steady_ratio": together["steady_throughput"] / alone["steady_throughput"],
@@ -291,7 +291,7 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
                        "per_stream": per_stream, "token_times": times, "graphs": graph_costs(timings, tokens),
                        "batches": batch_sizes(batch)}
     alone, together = runs[1], runs[streams]
-    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.manifest["precision"],
+    return {"bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.info.precision,
             "gates": gate_status(bundle), "tokens": tokens, "streams": streams, "alone": alone, "together": together,
             "decode_ratio": together["decode_tokens_per_second"] / alone["decode_tokens_per_second"],
             "throughput_ratio": together["tokens_per_second"] / alone["tokens_per_second"],
@@ -321,7 +321,7 @@ def result_of(kind: str):
 
 
 def gate_status(bundle: Bundle) -> str:
-    parity = bundle.manifest.get("parity")
+    parity = bundle.info.parity
     return "not verified" if not parity else "passed" if parity["passed"] else "FAILED"
 
 
@@ -426,7 +426,7 @@ def record_bench(bundle_dir: Path, report: dict, command: str, threads: int | No
         return False
     record = {"date": datetime.date.today().isoformat(), "command": command, "cpu": cpu_description(),
               "threads": threads or len(os.sched_getaffinity(0)), "results": summary(report)}
-    write_manifest(bundle.path, dict(bundle.manifest, bench=record), "recording the bench numbers")
+    write_manifest(bundle.path, dict(bundle.info.to_dict(), bench=record), "recording the bench numbers")
     return True
 
 

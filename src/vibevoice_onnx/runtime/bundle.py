@@ -185,7 +185,7 @@ class Bundle:
     def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None):
         self.path = Path(path)
         self.info = Manifest.read(self.path)  # the manifest, checked and typed: read its fields here
-        self.manifest = self.info.raw  # the same manifest as the dict it was read from, for code not yet on `info`
+        self.manifest = self.info.raw  # manifest.json as written, a dict (the package reads `info`; users may read this)
         for name, graph in self.info.graphs.items():
             for file in (graph["file"], graph.get("external_data")):
                 if file and not (self.path / file).is_file():

@@ -48,9 +48,9 @@ def import_voice(bundle_dir: Path, source: Path | str, name: str | None = None, 
     relative = target.relative_to(bundle.path).as_posix()
     with atomic_file(target, "writing the voice") as temporary:
         write(temporary)
-        manifest = Bundle(bundle.path).manifest
-        files = {**(manifest.get("files") or {}), relative: file_record(temporary)}
-        write_manifest(bundle.path, {**manifest, "files": dict(sorted(files.items()))},
+        manifest = Bundle(bundle.path).info
+        files = {**(manifest.files or {}), relative: file_record(temporary)}
+        write_manifest(bundle.path, {**manifest.to_dict(), "files": dict(sorted(files.items()))},
                        "recording the voice in the manifest")
     return name, summary
 

@@ -25,7 +25,7 @@ def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: 
     models = Models.open(bundles, threads=threads, force=force, aliases=aliases, max_batch=settings.max_batch)
     for model in models.by_id.values():
         logging.getLogger("vibevoice_onnx.serve").info("model %s: %s %s, %d voices, from %s", model.id, model.kind,
-                                                       model.bundle.manifest["precision"], len(model.voices()),
+                                                       model.bundle.info.precision, len(model.voices()),
                                                        model.bundle.path)
     app = create_app(models, settings)
 

@@ -66,8 +66,8 @@ class ServedModel:
 
     def describe(self) -> dict:
         return {"id": self.id, "object": "model", "created": int(self.bundle.path.stat().st_mtime),
-                "owned_by": "vibevoice-onnx", "kind": self.kind, "precision": self.bundle.manifest["precision"],
-                "device": self.bundle.manifest["device"], "task": "speech" if self.task == "tts" else "transcription",
+                "owned_by": "vibevoice-onnx", "kind": self.kind, "precision": self.bundle.info.precision,
+                "device": self.bundle.info.device, "task": "speech" if self.task == "tts" else "transcription",
                 **({"batching": self.batch.describe()} if self.batch is not None else {})}
 
 
