@@ -9,7 +9,7 @@ module imports nothing heavy, and it imports no stage module, so no import circl
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import CheckpointError, VibeVoiceError
 
@@ -84,6 +84,26 @@ class Family:
         return self.shards if tied_head or self.untied_shards is None else self.untied_shards
 
 
+LONG_FORM = Family(
+    "1.5b", "VibeVoice-1.5B", "vibevoice",
+    hub_config="checkpoints.configs:tts_1p5b_config", layout="checkpoints.layouts:tts_1p5b_layout",
+    shards=3, processor_class="VibeVoiceProcessor",
+    to_transformers="checkpoints.names:tts_1p5b_to_hf",
+    reference="reference.tts15b:load_tts15b", torch_backend="reference.tts15b:TorchTts15bBackend",
+    exporter="export.tts15b", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
+    runtime="runtime.tts15b:LongFormTTS", voices="audio", defaults=Defaults(cfg_scale=1.3, steps=10),
+    capabilities=Capabilities(speaks=True, long_form=True, batchable=True),
+)
+ASR = Family(
+    "asr", "VibeVoice-ASR (upstream's layout)", "vibevoice",
+    hub_config="checkpoints.configs:asr_config", layout="checkpoints.layouts:asr_codes_layout",
+    shards=8,  # not established; mirrors its -HF twin
+    to_transformers="checkpoints.names:asr_codes_to_hf",
+    exporter="export.asr", policy="export.precision:ASR_POLICY", gates="verify.asr",
+    runtime="runtime.asr:Transcriber",
+    capabilities=Capabilities(transcribes=True, batchable=True),
+)
+
 FAMILIES = (
     Family(
         "realtime", "VibeVoice-Realtime-0.5B", "vibevoice_streaming",
@@ -94,42 +114,17 @@ FAMILIES = (
         runtime="runtime.realtime:RealtimeTTS", voices="preset", defaults=Defaults(cfg_scale=1.5, steps=5),
         capabilities=Capabilities(speaks=True, streams=True, batchable=True),
     ),
-    Family(
-        "1.5b", "VibeVoice-1.5B", "vibevoice",
-        hub_config="checkpoints.configs:tts_1p5b_config", layout="checkpoints.layouts:tts_1p5b_layout",
-        shards=3, processor_class="VibeVoiceProcessor",
-        to_transformers="checkpoints.names:tts_1p5b_to_hf",
-        reference="reference.tts15b:load_tts15b", torch_backend="reference.tts15b:TorchTts15bBackend",
-        exporter="export.tts15b", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
-        runtime="runtime.tts15b:LongFormTTS", voices="audio", defaults=Defaults(cfg_scale=1.3, steps=10),
-        capabilities=Capabilities(speaks=True, long_form=True, batchable=True),
+    LONG_FORM,
+    replace(
+        LONG_FORM, name="large", title="VibeVoice-Large (7B)",  # the 1.5B's architecture, scaled
+        hub_config="checkpoints.configs:large_config", layout="checkpoints.layouts:large_layout", shards=10,
+        to_transformers="checkpoints.names:large_to_hf", exporter="export.large", runtime="runtime.tts15b:LargeTTS",
     ),
-    Family(
-        "large", "VibeVoice-Large (7B)", "vibevoice",
-        hub_config="checkpoints.configs:large_config", layout="checkpoints.layouts:large_layout",
-        shards=10, processor_class="VibeVoiceProcessor",
-        to_transformers="checkpoints.names:large_to_hf",
-        reference="reference.tts15b:load_tts15b", torch_backend="reference.tts15b:TorchTts15bBackend",
-        exporter="export.large", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
-        runtime="runtime.tts15b:LargeTTS", voices="audio", defaults=Defaults(cfg_scale=1.3, steps=10),
-        capabilities=Capabilities(speaks=True, long_form=True, batchable=True),
-    ),
-    Family(
-        "asr", "VibeVoice-ASR (upstream's layout)", "vibevoice",
-        hub_config="checkpoints.configs:asr_config", layout="checkpoints.layouts:asr_codes_layout",
-        shards=8,  # not established; mirrors its -HF twin
-        to_transformers="checkpoints.names:asr_codes_to_hf",
-        exporter="export.asr", policy="export.precision:ASR_POLICY", gates="verify.asr",
-        runtime="runtime.asr:Transcriber",
-        capabilities=Capabilities(transcribes=True, batchable=True),
-    ),
-    Family(
-        "asr-hf", "VibeVoice-ASR (transformers' layout)", "vibevoice_asr",
+    ASR,
+    replace(
+        ASR, name="asr-hf", title="VibeVoice-ASR (transformers' layout)", model_type="vibevoice_asr",
         hub_config="checkpoints.configs:asr_hf_config", layout="checkpoints.layouts:asr_hf_layout",
-        transformers_names=True, shards=8,
-        exporter="export.asr", policy="export.precision:ASR_POLICY", gates="verify.asr",
-        runtime="runtime.asr:Transcriber",
-        capabilities=Capabilities(transcribes=True, batchable=True),
+        transformers_names=True, to_transformers=None,
     ),
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",
