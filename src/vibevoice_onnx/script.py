@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import VibeVoiceError
+from .text import special_ids
 
 SYSTEM_PROMPT = (
     " Transform the text provided by various speakers into speech output, utilizing the distinct voice of each "
@@ -101,10 +102,8 @@ class Prompt:
 
 def build_prompt(tokenizer, script: Script, voice_frames: list[int]) -> Prompt:
     """Upstream's 1.5B prompt: system text, one `<|vision_pad|>` per voice frame, the script, speech start."""
-    special = {name: tokenizer.token_to_id(name) for name in (SPEECH_START, SPEECH_END, SPEECH_PAD)}
-    missing = [name for name, i in special.items() if i is None]
-    if missing:
-        raise VibeVoiceError(f"the tokenizer has no {', '.join(missing)} token, so it is not a Qwen2.5 tokenizer")
+    names = (SPEECH_START, SPEECH_END, SPEECH_PAD)
+    special = dict(zip(names, special_ids(tokenizer, names)))
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids

@@ -35,6 +35,15 @@ def load_tokenizer(path: Path):
         raise VibeVoiceError(f"{path}: not a valid tokenizer.json ({e})") from None
 
 
+def special_ids(tokenizer, names: tuple[str, ...], why: str = "so it is not a Qwen2.5 tokenizer") -> list[int]:
+    """The ids of these special tokens, in order; a sentence naming those the tokenizer lacks, and `why` it matters."""
+    ids = [tokenizer.token_to_id(name) for name in names]
+    missing = [name for name, i in zip(names, ids) if i is None]
+    if missing:
+        raise VibeVoiceError(f"the tokenizer has no {', '.join(missing)}{' token' * (len(missing) == 1)}, {why}")
+    return ids
+
+
 def encode_tts_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(normalise_tts_text(text), add_special_tokens=False).ids
 

@@ -17,9 +17,9 @@ from ..outputs import file_error, storage_full, writer_os_error
 from ..requests import RequestError, SpeechRequest, Spelling, TranscriptionRequest, transcribe
 from .items import STOPPED, JobFolder, Row
 
-SYNTHESIS_FIELDS = {"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
-                    "wav_format", "turn_gap", "voice_latents", "response_format"}
-TRANSCRIPTION_FIELDS = {"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents"}
+SYNTHESIS_FIELDS = frozenset({"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
+                              "wav_format", "turn_gap", "voice_latents", "response_format"})
+TRANSCRIPTION_FIELDS = frozenset({"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents"})
 # How an item names a request's fields in its row's error: as its JSON key.
 ITEM_SPELLING = Spelling(lambda name: f'"{name}"', '"speakers": {{"{n}": VOICE}}')
 
@@ -28,8 +28,12 @@ class Worker:
     """Rows in, rows out: `__call__` takes a batch of {"item": JSON} rows and returns their manifest rows."""
 
     task = ""
+    fields: frozenset[str] = frozenset()  # the keys an item may have
 
-    def __init__(self, out: str):
+    def __init__(self, bundle: str, out: str, threads: int | None = None, force: bool = False):
+        from ..runtime.pretrained import open_model
+
+        self.model = open_model(Path(bundle), threads=threads, force=force)  # the bundle's kind's runtime object
         self.folder = JobFolder(Path(out), self.task)
         self.name = worker_name()
         self.full: str | None = None  # the write that found no room, once one has: its sentence
@@ -48,6 +52,7 @@ class Worker:
         if self.full is not None:
             return self._stopped(item, start, self.full)
         try:
+            _check_fields(item, self.fields)
             row = self.make(item, start)
         except (VibeVoiceError, ValueError, TypeError, OSError) as e:
             if storage_full(e):
@@ -84,7 +89,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-def _check_fields(item: dict, allowed: set[str]) -> None:
+def _check_fields(item: dict, allowed: frozenset[str]) -> None:
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise VibeVoiceError(f"unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)} (known: "
@@ -94,26 +99,19 @@ def _check_fields(item: dict, allowed: set[str]) -> None:
 class SynthesisWorker(Worker):
     """`speak` for each item: {"id", "text" | "script", "voice" | "speakers": {N: VOICE}, and speak's options}."""
 
-    task = "synthesize"
-
-    def __init__(self, bundle: str, out: str, threads: int | None = None, force: bool = False):
-        from ..runtime.speech import open_tts
-
-        super().__init__(out)
-        self.tts = open_tts(Path(bundle), threads=threads, force=force)
+    task, fields = "synthesize", SYNTHESIS_FIELDS
 
     def make(self, item: dict, start: float) -> Row:
         from ..commands.speak import WAV_SUBTYPES, SpeakOptions, speak_with
 
-        _check_fields(item, SYNTHESIS_FIELDS)
         if item.get("response_format", "wav") != "wav":
             raise RequestError("response_format", f"{{field}} '{item['response_format']}': batch jobs write WAV files")
         wav_format = item.get("wav_format", "pcm16")
         if wav_format not in WAV_SUBTYPES:
             raise RequestError("wav_format", f"{{field}} must be one of {', '.join(WAV_SUBTYPES)}, got {wav_format!r}")
         output = self.folder.output(item["id"])
-        summary = speak_with(self.tts, item_request(item, self.tts.kind), SpeakOptions(output=output,
-                                                                                   wav_format=wav_format))
+        summary = speak_with(self.model, item_request(item, self.model.kind),
+                             SpeakOptions(output=output, wav_format=wav_format))
         return Row(item["id"], "ok", str(output), summary["audio_seconds"], None, round(time.perf_counter() - start, 3))
 
 
@@ -146,24 +144,17 @@ def _speaker_numbers(speakers) -> dict:
 class TranscriptionWorker(Worker):
     """`transcribe --format json` for each item: {"id", "audio": PATH, "hotwords", "seed", "max_new_tokens"}."""
 
-    task = "transcribe"
-
-    def __init__(self, bundle: str, out: str, threads: int | None = None, force: bool = False):
-        from ..runtime.asr import Transcriber
-
-        super().__init__(out)
-        self.transcriber = Transcriber(Path(bundle), threads=threads, force=force)
+    task, fields = "transcribe", TRANSCRIPTION_FIELDS
 
     def make(self, item: dict, start: float) -> Row:
         from ..outputs import atomic_file
         from ..transcription import render
 
-        _check_fields(item, TRANSCRIPTION_FIELDS)
         if not isinstance(item.get("audio"), str):
             raise RequestError("audio", "the item has no {audio}: give the recording's path")
         request = TranscriptionRequest(item.get("hotwords"), item.get("seed"), item.get("max_new_tokens"),
                                        bool(item.get("mean_latents", False)))
-        result = transcribe(self.transcriber, Path(item["audio"]), request)
+        result = transcribe(self.model, Path(item["audio"]), request)
         output = self.folder.output(item["id"])
         with atomic_file(output, "writing the transcript") as partial:
             partial.write_text(render("json", result.segments, result.text, result.raw), encoding="utf-8")

@@ -24,6 +24,7 @@ import numpy as np
 from ..checkpoints.configs import StreamingGeometry
 from ..errors import VibeVoiceError
 from ..options import check
+from ..text import special_ids
 from ..transcription import Segment
 from .asr import AsrBackend, acoustic_sample, greedy_pick
 
@@ -60,12 +61,9 @@ class StreamingTokens:
 
     @classmethod
     def of(cls, tokenizer) -> "StreamingTokens":
-        ids = {name: tokenizer.token_to_id(name) for name in (CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT)}
-        missing = [name for name, value in ids.items() if value is None]
-        if missing:
-            raise VibeVoiceError(f"the tokenizer has no {', '.join(missing)}: an ASR-Streaming model needs its own "
-                                 "tokenizer (the stock Qwen2.5 one has no <|text_chunk_end|>, so no chunk would end)")
-        return cls(*ids.values())
+        return cls(*special_ids(tokenizer, (CHUNK_END, SPEECH_START, SPEECH_END, END_OF_TEXT),
+                                "so it is not an ASR-Streaming model's own tokenizer (the stock Qwen2.5 one has no "
+                                "<|text_chunk_end|>, so no chunk would end)"))
 
 
 @dataclass

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..sampling import DpmSolverSchedule, NoiseSource
 from ..script import SPEECH_END, SPEECH_PAD, SPEECH_START, Prompt
+from ..text import special_ids
 from .common import SpeechResult, Steering, decode_latents, emitted_latent, record_conditions, sample_next
 
 EOS = "<|endoftext|>"
@@ -44,11 +45,7 @@ class TokenIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "TokenIds":
-        ids = {name: tokenizer.token_to_id(name) for name in (EOS, SPEECH_START, SPEECH_END, SPEECH_PAD)}
-        if None in ids.values():
-            missing = ", ".join(name for name, i in ids.items() if i is None)
-            raise VibeVoiceError(f"the tokenizer has no {missing} token, so it is not a Qwen2.5 tokenizer")
-        return cls(ids[EOS], ids[SPEECH_START], ids[SPEECH_END], ids[SPEECH_PAD])
+        return cls(*special_ids(tokenizer, (EOS, SPEECH_START, SPEECH_END, SPEECH_PAD)))
 
     @property
     def choices(self) -> list[int]:
