@@ -376,9 +376,64 @@ def convert_fp16(path: Path, external_data: bool) -> dict:
     model = onnx.load(str(path))
     before = weight_bytes(model)
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=DEFAULT_OP_BLOCK_LIST + FP16_KEEP)
+    share_casts(converted.graph)  # onnxruntime <= 1.31 writes one Cast per consumer, all under one name
     _sort_topologically(converted.graph)  # the converter appends its input casts after their users
     converted.graph.ClearField("value_info")  # stale float types from the export; inference redoes them
-    onnx.checker.check_model(converted, full_check=True)  # static: its gates need a GPU provider to run
+    onnx.checker.check_model(converted, full_check=True)  # static; its gates need a GPU provider to run
     _save(converted, path, external_data)
+    open_on_cpu(path)
     return {"scheme": "fp16", "kept_fp32_ops": FP16_KEEP, "weight_bytes_before": before,
             "weight_bytes_after": weight_bytes(converted)}
+
+
+def share_casts(graph: onnx.GraphProto) -> int:
+    """Leave one Cast per (tensor, target type): a later Cast of the same tensor to the same type is dropped
+    and its consumers read the first one's output. onnxruntime's fp16 converter up to 1.31 adds a Cast before
+    every kept-fp32 op that reads a tensor, each named after the tensor, so a tensor read by two such ops is
+    written twice under one name (not SSA: the checker refuses it); 1.32's shares one. Returns the number of
+    Casts dropped."""
+    graph_outputs = {o.name for o in graph.output}
+    shared: dict[tuple[str, int], str] = {}  # (tensor, type) -> the output of the Cast kept for it
+    cast_by_output: dict[str, tuple[str, int]] = {}
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        if node.op_type != "Cast" or node.output[0] in graph_outputs:
+            kept.append(node)
+            continue
+        key = (node.input[0], next(helper.get_attribute_value(a) for a in node.attribute if a.name == "to"))
+        output = node.output[0]
+        if cast_by_output.setdefault(output, key) != key:
+            raise VibeVoiceError(f"two different Casts write {output!r}; they cannot be merged")
+        if key not in shared:
+            shared[key] = output
+            kept.append(node)
+        elif shared[key] != output:
+            renamed[output] = shared[key]
+    dropped = len(graph.node) - len(kept)
+    if dropped:
+        graph.ClearField("node")
+        graph.node.extend(kept)
+        _rename_inputs(graph, renamed)
+    return dropped
+
+
+def _rename_inputs(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """Point every node input named in `renamed` at its new name, in subgraphs too (they may read outer tensors)."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs] if attribute.HasField("g") or attribute.graphs else []:
+                _rename_inputs(subgraph, renamed)
+
+
+def open_on_cpu(path: Path) -> None:
+    """Open a converted graph in an onnxruntime session on the CPU provider: the checker is static, and this
+    catches what only onnxruntime's loader refuses (a type it cannot resolve, a node it has no kernel for)."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime's exception types are not exported under stable names
+        raise VibeVoiceError(f"{path.name}: the fp16 graph does not load in onnxruntime: {error}") from error
