@@ -24,6 +24,28 @@ VOICES = "voices"
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+# Distributions that each install the same `onnxruntime` package folder: two of them at once overwrite each
+# other's files, and which providers `import onnxruntime` then offers depends on which was installed last.
+ONNXRUNTIME_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                             "onnxruntime-qnn")
+
+
+def installed_distributions() -> set[str]:
+    """The names of the installed Python distributions, normalized (lower case, dashes)."""
+    from importlib.metadata import distributions
+
+    return {re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() for d in distributions()}
+
+
+def runtime_clash(installed: set[str]) -> str | None:
+    """What is wrong when more than one onnxruntime distribution is installed (None when at most one is)."""
+    found = [name for name in ONNXRUNTIME_DISTRIBUTIONS if name in installed]
+    if len(found) < 2:
+        return None
+    return (f"{' and '.join(found)} are installed together and share one onnxruntime folder; keep only one: "
+            f"pip uninstall -y {' '.join(found)} && pip install onnxruntime-gpu")
+
+
 def voice_path(bundle_dir: Path, name: str) -> Path:
     """Where voice NAME lives; names are plain (no separators), so a path never leaves voices/."""
     if not _VOICE_NAME.fullmatch(name):
@@ -202,11 +224,15 @@ class Bundle:
         on the CPU behind the user's back."""
         if self.info.device != "cuda":
             return ["CPUExecutionProvider"]
+        clash = runtime_clash(installed_distributions())
+        if clash:
+            raise BundleError(f"{self.path}: is built for CUDA, but {clash}")
         import onnxruntime as ort
 
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise BundleError(f"{self.path}: is built for CUDA, but this onnxruntime has no CUDA provider "
-                              "(install onnxruntime-gpu on a machine with an NVIDIA GPU)")
+                              "(install onnxruntime-gpu in place of onnxruntime, on a machine with an NVIDIA GPU: "
+                              "pip uninstall -y onnxruntime && pip install onnxruntime-gpu)")
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
     def time_calls(self) -> dict[str, list[float]]:
