@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .checkpoints.configs import LONG_FORM_KINDS
 from .errors import VibeVoiceError
 from .families import family
 from .options import LIMITS, check
@@ -235,7 +234,7 @@ def _named(given: dict) -> str:
 
 def is_script(kind: str, text: str) -> bool:
     """Whether a text is spoken as a script: always by a long-form kind, by realtime when it has labels."""
-    return kind in LONG_FORM_KINDS or has_labels(text)
+    return family(kind).capabilities.long_form or has_labels(text)
 
 
 @dataclass

@@ -122,11 +122,12 @@ def item_request(item: dict, kind: str) -> SpeechRequest:
     if not isinstance(text, str) or not text.strip():
         raise RequestError("text", "the item has no text: give {text} (or {script}) as a non-empty string")
     speakers, voice = item.get("speakers"), item.get("voice")
+    long_form = family(kind).capabilities.long_form
     if speakers is not None:
         speakers = _speaker_numbers(speakers)
-    elif family(kind).capabilities.long_form and voice is not None:
+    elif long_form and voice is not None:
         speakers, voice = {None: voice}, None
-    elif family(kind).capabilities.long_form:
+    elif long_form:
         raise RequestError("speakers", f"a {kind} bundle needs a voice sample: give {{voice}} (one speaker) or "
                                        "{entry}", 1)
     options = {name: item.get(name) for name in ("seed", "cfg_scale", "steps", "max_frames", "turn_gap",
