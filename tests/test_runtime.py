@@ -340,3 +340,23 @@ assert "onnx" not in sys.modules
 """)
     assert proc.returncode == 0, proc.stderr
     assert "torch-free ok" in proc.stdout
+
+
+def test_the_hand_serialised_bandwidth_graph_is_the_one_onnx_would_build():
+    """bench's probe writes its ONNX bytes without the onnx package; onnx (test extra) must read them as a valid
+    model holding the same graph its own helpers build, and onnxruntime must sum the rows."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vibevoice_onnx.runtime.bench import row_sums_model
+
+    ours = onnx.load_from_string(row_sums_model(4, 3))
+    onnx.checker.check_model(ours, full_check=True)
+    weight = numpy_helper.from_array(np.ones((4, 3), np.float32), "weight")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node("ReduceSum", ["weight", "axes"], ["sums"], keepdims=0)], "bandwidth",
+                              [], [helper.make_tensor_value_info("sums", TensorProto.FLOAT, [4])], [weight, axes])
+    assert ours.graph == graph and ours.opset_import[0].version == 18
+    session = ort.InferenceSession(row_sums_model(4, 3), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {})[0], np.full(4, 3.0, np.float32))
