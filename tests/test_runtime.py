@@ -277,12 +277,13 @@ def _resident_fraction(array: np.ndarray) -> float:
 def test_a_planned_cache_is_resident_at_once_and_an_unplanned_one_only_where_written():
     from types import SimpleNamespace
 
+    from vibevoice_onnx.runtime.device import Placement
     from vibevoice_onnx.runtime.lm import KvCache
 
-    # KvCache reads only the graph's K/V shapes. The unplanned buffers are 491 MB of address space each, mapped
+    # KvCache reads only the graph's K/V shapes and where its buffers live. The unplanned buffers are 491 MB of address space each, mapped
     # apart from the heap: the few 2 MB pages transparent huge pages may make resident around the allocation's
     # header stay far below the bound (at 49 MB they once came to 8 % and failed CI)
-    lm = SimpleNamespace(kv_shapes=[(8, 128)] * 2)
+    lm = SimpleNamespace(kv_shapes=[(8, 128)] * 2, placement=Placement())
     lazy = KvCache.planned(lm, 2, 30_000, None, 1 << 20)
     assert lazy.capacity == 60_000 and all(_resident_fraction(buffer) < 0.05 for buffer in lazy.buffers)
     planned = KvCache.planned(lm, 2, 3000, 10_000, 8192)

@@ -36,6 +36,8 @@ def test_all_gates_pass_and_are_recorded_in_the_manifest(verified):
     for graph in ("lower_lm", "upper_lm", "diffusion_head", "acoustic_connector", "eos_classifier", "acoustic_decoder (6 frames, one call", "acoustic_decoder_stream"):
         assert any(n.startswith(graph) for n in names), graph
     assert any("prefill 3 + 5 steps" in n for n in names) and any("streamed frames == whole" in n for n in names)
+    bound = next(g for g in record["gates"] if g["name"].startswith("bound loop"))
+    assert bound["passed"] and bound["max_abs"] == 0.0 and "bitwise (CPU)" in bound["detail"]
     loop = [g for g in record["gates"] if g["name"].startswith("closed loop")]
     assert {g["name"] for g in loop} == {  # every precision: the free run judged by the loop's own spread
         "closed loop: latent divergence within the loop's own spread", "closed loop: latent scale (|log RMS ratio|) within the loop's own spread", "closed loop: audio divergence within the loop's own spread", "closed loop: per-frame EOS decisions agree where the loop's own spread keeps them", "closed loop, teacher-forced: conditions min cosine",

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..generation.batching import Batcher, Member, member_frames, parked_iteration
 from ..options import check
+from .device import host
 from .lm import BatchedGuidedStreams, KvCache, OnnxLm, conditioning_rows, head_stepper
 
 F32 = np.float32
@@ -78,13 +79,15 @@ class StreamBatch:
 
     def _conditioning(self, payloads):
         pairs = [conditioning_rows(conditions, timesteps) for conditions, timesteps in payloads]
-        modulation = self.backend.head.modulation(np.concatenate([t for t, _ in pairs]),
-                                                  np.concatenate([c for _, c in pairs]))
+        # on the host: each frame a batch step gathers rows of several streams' modulations, which no one
+        # block of device memory holds (a stream alone keeps its own on the device)
+        modulation = host(self.backend.head.modulation(np.concatenate([t for t, _ in pairs]),
+                                                       np.concatenate([c for _, c in pairs])))
         return split_rows(modulation, [len(t) for t, _ in pairs])
 
     def _head_step(self, payloads):
         velocity = self.backend.head.run_step(np.concatenate([n for n, _ in payloads]),
-                                              np.concatenate([m for _, m in payloads]))
+                                              np.concatenate([host(m) for _, m in payloads]))
         return split_rows(velocity, [len(n) for n, _ in payloads])
 
 

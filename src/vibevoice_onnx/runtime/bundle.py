@@ -16,6 +16,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..families import family
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
+from .device import GraphSession, Placement
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, damaged, recordable, validate_manifest  # noqa: F401 (their old home)
 
 HOST_TENSORS = "host.safetensors"
@@ -176,35 +177,11 @@ def cpu_session_options(threads: int | None = None):
     return options
 
 
-class _TimedSession:
-    """An onnxruntime session whose runs (plain or with IO binding) are timed into `timings[name]`."""
-
-    def __init__(self, name: str, session, timings: dict):
-        self.name, self.session, self.timings = name, session, timings
-
-    def run(self, *args, **kwargs):
-        return self._timed(self.session.run, *args, **kwargs)
-
-    def run_with_iobinding(self, *args, **kwargs):
-        return self._timed(self.session.run_with_iobinding, *args, **kwargs)
-
-    def _timed(self, run, *args, **kwargs):
-        import time
-
-        start = time.perf_counter()
-        try:
-            return run(*args, **kwargs)
-        finally:
-            self.timings.setdefault(self.name, []).append(time.perf_counter() - start)
-
-    def __getattr__(self, attribute):
-        return getattr(self.session, attribute)
-
-
 class Bundle:
     """Opens a bundle directory. Sessions are created on first use, with the given providers/options."""
 
-    def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None):
+    def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None,
+                 bound: bool = True):
         self.path = Path(path)
         self.info = Manifest.read(self.path)  # the manifest, checked and typed: read its fields here
         self.manifest = self.info.raw  # manifest.json as written, a dict (the package reads `info`; users may read this)
@@ -215,6 +192,8 @@ class Bundle:
         self.providers = providers or self.default_providers()
         self.session_options = session_options
         self.threads = check_optional("threads", threads)
+        # every graph call through I/O binding, state on the device (runtime.device); unbound: verify's other path
+        self.placement = Placement.of(self.providers, bound)
         self._sessions: dict = {}
         self._voice_files: dict = {}  # voices given as files or URLs, read once
         self.timings: dict[str, list[float]] | None = None  # graph -> seconds per call, once time_calls() is on
@@ -238,7 +217,8 @@ class Bundle:
     def time_calls(self) -> dict[str, list[float]]:
         """From now on, record the wall time of every graph call (bench's per-component breakdown)."""
         self.timings = {}
-        self._sessions = {name: _TimedSession(name, session, self.timings) for name, session in self._sessions.items()}
+        for session in self._sessions.values():
+            session.timings = self.timings
         return self.timings
 
     def weight_bytes(self, name: str) -> int:
@@ -332,7 +312,7 @@ class Bundle:
                 session = ort.InferenceSession(str(path), options, providers=self.providers)
             except Exception as e:  # onnxruntime raises its own pybind classes (InvalidProtobuf, Fail, ...)
                 raise damaged(path, f"onnxruntime cannot load the graph ({_first_line(e)})") from None
-            self._sessions[name] = session if self.timings is None else _TimedSession(name, session, self.timings)
+            self._sessions[name] = GraphSession(name, session, self.placement, self.timings)
         return self._sessions[name]
 
     def release(self, name: str) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import VibeVoiceError
 from .bundle import Bundle
+from .device import Placement, Region, host, shape_of
 
 F32 = np.float32
 
@@ -36,9 +37,11 @@ class KvCache:
     def __init__(self, lm: "OnnxLm", rows: int = 1, capacity: int = MIN_CAPACITY, in_place: bool = True,
                  resident: bool = False):
         self.lm, self.in_place = lm, in_place
+        # in place, the buffers live where the graph runs (device memory on CUDA, runtime.device); growing, on the host
+        self.placement = lm.placement if in_place else Placement(bound=False)
         self.lengths = np.zeros(rows, np.int64)
-        self.buffers = [np.zeros((rows, heads, capacity if in_place else 0, dim), F32) for heads, dim in lm.kv_shapes]
-        if resident:
+        self.buffers = [self.placement.zeros((rows, heads, capacity if in_place else 0, dim)) for heads, dim in lm.kv_shapes]
+        if resident and not self.placement.device_buffers:
             for buffer in self.buffers:
                 buffer.fill(0)  # np.zeros maps its pages lazily; writing them makes them the process's now
 
@@ -68,25 +71,26 @@ class KvCache:
         length = stream[0].shape[2]
         self.reserve(length)
         for buffer, tensor in zip(self.buffers, stream):
-            buffer[row, :, :length] = tensor[0]
+            self.placement.write(buffer, (row, slice(None), slice(0, length)), tensor[0])
         self.lengths[row] = length
 
     @property
     def capacity(self) -> int:
-        return self.buffers[0].shape[2]
+        return shape_of(self.buffers[0])[2]
 
     def reserve(self, length: int) -> None:
         if length <= self.capacity:
             return
         grown = max(length, 2 * self.capacity) if self.in_place else length
         for i, old in enumerate(self.buffers):  # one layer at a time, each old buffer freed once copied
+            old = host(old)
             new = np.zeros(old.shape[:2] + (grown,) + old.shape[3:], F32)
             new[:, :, : old.shape[2]] = old
-            self.buffers[i] = new
+            self.buffers[i] = self.placement.upload(new)
 
     def filled(self, row: int = 0) -> list[np.ndarray]:
-        """Row `row`'s cached K/V, [1, KV, length, D] each (views)."""
-        return [buffer[row : row + 1, :, : self.lengths[row]] for buffer in self.buffers]
+        """Row `row`'s cached K/V, [1, KV, length, D] each (views of host buffers; copies of device ones)."""
+        return [host(buffer)[row : row + 1, :, : self.lengths[row]] for buffer in self.buffers]
 
     def forget(self, row: int, steps: int = 1) -> None:
         """Take back the last `steps` positions of `row`: the next step overwrites them."""
@@ -102,7 +106,7 @@ class OnnxLm:
     K/V -> hidden states and the present K/V (see export.graphs.LanguageModelGraph)."""
 
     def __init__(self, bundle: Bundle, name: str):
-        self.name, self.session = name, bundle.session(name)
+        self.name, self.session, self.placement = name, bundle.session(name), bundle.placement
         inputs, outputs = bundle.graph(name)["inputs"], bundle.graph(name)["outputs"]
         if [i["name"] for i in inputs[:2]] != ["inputs_embeds", "position_ids"] or inputs[2]["name"] != "seqlens_k":
             raise VibeVoiceError(f"{bundle.path}: graph {name} is not an LM over a fixed-capacity cache; rebuild the bundle")
@@ -141,16 +145,9 @@ class OnnxLm:
         return hidden[rows, -1]
 
     def _in_place(self, feeds: dict, cache: KvCache, rows: slice) -> np.ndarray:
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for past, present, buffer in zip(self.past, self.present, cache.buffers):
-            view = buffer[rows]  # rows are the outermost axis: a contiguous block of the buffer
-            binding.bind_input(past, "cpu", 0, F32, view.shape, view.ctypes.data)
-            binding.bind_output(present, "cpu", 0, F32, view.shape, view.ctypes.data)
-        binding.bind_output("hidden_states")
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[-1].numpy()  # outputs come in binding order: the hidden states last
+        blocks = [Region.rows(buffer, rows) for buffer in cache.buffers]  # rows are the outermost axis: contiguous
+        feeds.update(zip(self.past, blocks))
+        return self.session.run(["hidden_states"], feeds, into=dict(zip(self.present, blocks)))[0]
 
     def _growing(self, feeds: dict, cache: KvCache, rows: slice, total: int) -> np.ndarray:
         feeds.update(zip(self.past, (buffer[rows] for buffer in cache.buffers)))
@@ -206,11 +203,12 @@ class OnnxDiffusionHead:
         self.conditioning = bundle.session("diffusion_head_conditioning")
         self.step = bundle.session("diffusion_head_step")
 
-    def modulation(self, timesteps: np.ndarray, conditions: np.ndarray) -> np.ndarray:
+    def modulation(self, timesteps: np.ndarray, conditions: np.ndarray):
+        """Every layer's modulation for (timestep, condition) rows: kept where the step graph runs (the device)."""
         feeds = {"timesteps": np.ascontiguousarray(timesteps, dtype=F32), "condition": np.ascontiguousarray(conditions, dtype=F32)}
-        return self.conditioning.run(None, feeds)[0]
+        return self.conditioning.run(["modulation"], feeds, keep={"modulation"})[0]
 
-    def run_step(self, noisy: np.ndarray, modulation: np.ndarray) -> np.ndarray:
+    def run_step(self, noisy: np.ndarray, modulation) -> np.ndarray:
         return self.step.run(None, {"noisy_latents": np.ascontiguousarray(noisy, dtype=F32), "modulation": modulation})[0]
 
     def velocity(self, noisy, timesteps, conditions):
@@ -228,14 +226,15 @@ def conditioning_rows(conditions: np.ndarray, timesteps: np.ndarray) -> tuple[np
     return np.repeat(timesteps, len(conditions)), np.tile(conditions, (len(timesteps), 1))
 
 
-def head_stepper(modulation: np.ndarray, rows: int, timesteps: np.ndarray,
-                 run_step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, float], np.ndarray]:
-    """velocity(noisy, t) from the modulation of `conditioning_rows` (`rows` conditions per timestep)."""
+def head_stepper(modulation, rows: int, timesteps: np.ndarray,
+                 run_step: Callable[[np.ndarray, object], np.ndarray]) -> Callable[[np.ndarray, float], np.ndarray]:
+    """velocity(noisy, t) from the modulation of `conditioning_rows` (`rows` conditions per timestep), each
+    step's rows read in place where the modulation lies (runtime.device.Region)."""
     step_of = {float(t): k for k, t in enumerate(timesteps)}
 
     def velocity(noisy: np.ndarray, t: float) -> np.ndarray:
         k = step_of[float(t)]
-        return run_step(noisy, modulation[k * rows : (k + 1) * rows])
+        return run_step(noisy, Region(modulation, k * rows, (k + 1) * rows))
 
     return velocity
 
@@ -247,14 +246,17 @@ class StreamingConv:
         self.session = bundle.session(name)
         self.states = bundle.graph(name)["states"]
         self.input = bundle.graph(name)["inputs"][0]["name"]
+        self.state_names = [f"state.{s['name']}" for s in self.states]
+        self.state_outputs = self.session.output_names[1:]
 
     def new_state(self) -> list[np.ndarray]:
         return [np.zeros((1, s["channels"], s["length"]), F32) for s in self.states]
 
-    def run(self, chunk: np.ndarray, state: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def run(self, chunk: np.ndarray, state: list) -> tuple[np.ndarray, list]:
+        """Output for `chunk` and the new states, which stay where the graph runs (the device) for the next call."""
         feeds = {self.input: np.ascontiguousarray(chunk, dtype=F32)}
-        feeds.update((f"state.{s['name']}", value) for s, value in zip(self.states, state))
-        out, *new_state = self.session.run(None, feeds)
+        feeds.update(zip(self.state_names, state))
+        out, *new_state = self.session.run(None, feeds, keep=set(self.state_outputs))
         return out, new_state
 
     def whole(self, chunk: np.ndarray) -> np.ndarray:

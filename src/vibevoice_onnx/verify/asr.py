@@ -20,8 +20,8 @@ from ..reference.modules import UpstreamPadding, as_tensor
 from ..runtime.asr import ENCODERS, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..transcription import build_asr_prompt
-from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, compare,
-                     cosine, lm_gates)
+from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, bound_gate,
+                     compare, cosine, lm_gates)
 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
@@ -81,6 +81,16 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
                "encoder means")
     gates, info = forced_gates("closed loop", "step", ours.tokens, ours.logits, theirs, limits, setting)
     return gates, {**info, "prompt_tokens": len(prompt.ids), "audio_tokens": len(prompt.audio_positions)}
+
+
+def bound_loop(samples: np.ndarray):
+    """The closed loop's greedy transcription on a backend of the bundle given (verify.common.bound_gate)."""
+    def run(bundle: Bundle) -> list[np.ndarray]:
+        prompt, stops = build_asr_prompt(bundle.tokenizer, len(samples)), stop_ids(bundle.tokenizer)
+        result = run_transcription(OnnxAsrBackend(bundle), prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
+        return [np.stack(result.logits), np.array(result.tokens)]
+
+    return run
 
 
 def forced_gates(loop: str, step: str, tokens: list[int], ours: list[np.ndarray], theirs: np.ndarray, limits: Limits,
@@ -156,5 +166,6 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     log("  closed loop: greedy transcription, runtime vs reference")
     samples, source = verification_audio(voice)
     loop, info = closed_loop(bundle, reference, runtime, samples, limits)
-    log("  batched transcriptions against each alone")
-    return gates + loop + [batched_streams(bundle, runtime, samples)], {"closed_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}
+    log("  batched transcriptions against each alone; the bound loop against the unbound one")
+    bound = bound_gate(bundle, bound_loop(samples), f"{LOOP_TOKENS} greedy tokens of the verification audio: every step's logits")
+    return gates + loop + [batched_streams(bundle, runtime, samples), bound], {"closed_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}

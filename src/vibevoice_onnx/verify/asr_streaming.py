@@ -15,7 +15,7 @@ from ..generation.asr_streaming import StreamingSession, WindowFeeder, forced_lo
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from .asr import forced_gates, graph_gates, load_reference, verification_audio
-from .common import BATCHED_MIN_COSINE, Gate, Limits, compare
+from .common import BATCHED_MIN_COSINE, Gate, Limits, bound_gate, compare
 
 TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B reference on a CPU
 
@@ -62,6 +62,17 @@ def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: 
     return gates, {**info, "windows": len(windows), "chunk_stops": [c.stop_reason for c in chunks]}
 
 
+def bound_loop(samples: np.ndarray):
+    """The streaming loop on a backend of the bundle given (verify.common.bound_gate)."""
+    def run(bundle: Bundle) -> list[np.ndarray]:
+        runtime, geometry = OnnxAsrBackend(bundle), bundle.streaming_geometry
+        session = StreamingSession(runtime, bundle.tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
+        chunks = [session.chunk(window, means) for window, means in arriving(runtime, geometry, samples)]
+        return [np.concatenate([np.stack(c.logits) for c in chunks if c.logits]), np.array([t for c in chunks for t in c.tokens])]
+
+    return run
+
+
 def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     reference = load_reference(checkpoint, log)
     runtime = OnnxAsrBackend(bundle)
@@ -71,4 +82,5 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
                                                                                  limits.graph)
     log(f"  streaming loop: {bundle.streaming_geometry.windows(len(samples))} windows, runtime vs reference")
     loop, info = streaming_loop(bundle, reference, runtime, samples, limits)
-    return gates + loop, {"streaming_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}
+    bound = bound_gate(bundle, bound_loop(samples), "the streaming loop: every chunk's logits")
+    return gates + loop + [bound], {"streaming_loop": {**info, "audio": source, "seconds": round(len(samples) / 24000, 3)}}

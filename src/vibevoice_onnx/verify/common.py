@@ -21,6 +21,7 @@ from ..errors import VibeVoiceError
 from ..families import stage
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import Bundle, write_manifest
+from ..runtime.device import host
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
 
 SEED = 1234  # the noise of the closed loops (each kind's gates)
@@ -238,6 +239,20 @@ def cache_gate(name: str, onnx_lm: OnnxLm, probe: Probe) -> Gate:
                    outputs[0], outputs[1], min_cosine=SAME_PATH_COSINE)
 
 
+def bound_gate(bundle: Bundle, loop: Callable[[Bundle], list[np.ndarray]], detail: str) -> Gate:
+    """The runtime's bound path (every call through I/O binding, caches and states written in place where the
+    graphs run, runtime.device) against the same loop of plain `session.run` calls on host arrays, each on a
+    fresh opening of the bundle: on the CPU the same kernels on the same numbers, so bitwise equal; on a GPU
+    within float rounding. `loop(bundle)` runs the kind's generation and returns what it produced."""
+    bound, unbound = (loop(Bundle(bundle.path, providers=bundle.providers, bound=flag)) for flag in (True, False))
+    exact = bundle.placement.device == "cpu"
+    gate = compare("bound loop (I/O binding, state in place) == unbound loop (session.run)", bound, unbound,
+                   f"{detail}; {'bitwise (CPU)' if exact else f'cosine {SAME_PATH_COSINE}'}", min_cosine=SAME_PATH_COSINE)
+    if exact:
+        gate.passed = gate.max_abs == 0.0
+    return gate
+
+
 def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe, min_cosine: float) -> Gate:
     noisy = probe.normal(len(conditions), head.noisy_images_proj.in_features)
     timesteps = np.linspace(999, 100, len(conditions)).round().astype(F32)
@@ -261,7 +276,7 @@ def decoder_gates(decoder, stream: StreamingConv, latents: np.ndarray, min_cosin
         ours, ours_state = stream.run(latents[:, i : i + 1], ours_state)
         outputs.append(ours)
         references.append(decoder(as_tensor(latents[:, i : i + 1]).transpose(1, 2), padding_cache=state).audio.numpy())
-    outputs += ours_state
+    outputs += [host(value) for value in ours_state]
     references += [state.tensors[s["name"]].numpy() for s in stream.states]
     gates.append(compare("acoustic_decoder_stream (3 frames, states)", outputs, references, min_cosine=min_cosine))
     frames = latents.shape[1]

@@ -19,13 +19,14 @@ from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
-from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch
+from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch, backend_for
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, cache_layers, cfg_steps, compare,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, cache_layers, cfg_steps,
+    compare,
     decoder_gates, forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
@@ -220,14 +221,30 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     model = load_realtime(checkpoint)
     prompt, voice = verification_prompt(bundle, model, voice)
     ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
+    bound = bound_gate(bundle, bound_loop(prompt, ids), f"{BOUND_FRAMES} frames of the closed loop: latents, audio, EOS logits")
     if bundle.profile == "fixed":
         from . import realtime_fixed
 
         gates, info = realtime_fixed.run_gates(bundle, model, prompt, ids, log, limits, closed_loop)
-        return gates, {**info, "closed_loop": {**info["closed_loop"], "voice": voice}}
+        return gates + [bound], {**info, "closed_loop": {**info["closed_loop"], "voice": voice}}
     runtime = OnnxRealtimeBackend(bundle)
     gates = graph_gates(bundle, model, runtime, log, limits.graph)
     log("  closed loop: the whole generation, runtime vs reference")
     loop, loop_info = closed_loop(model, runtime, prompt, ids, limits)
     log("  batched streams against each alone")
-    return gates + loop + [batched_streams(model, runtime, bundle.tokenizer)], {"closed_loop": {**loop_info, "voice": voice}}
+    return gates + loop + [batched_streams(model, runtime, bundle.tokenizer), bound], {"closed_loop": {**loop_info, "voice": voice}}
+
+
+BOUND_FRAMES = 8
+
+
+def bound_loop(prompt: VoicePrompt, ids: list[int]):
+    """BOUND_FRAMES frames of the closed loop on a backend of the bundle given (verify.common.bound_gate)."""
+    def run(bundle: Bundle) -> list[np.ndarray]:
+        result, noise = GenerationResult(), NoiseSource.from_seed(SEED, bundle.dims.head.latent)
+        for _ in realtime_frames(backend_for(bundle), prompt, ids, noise, CFG_SCALE, STEPS, BOUND_FRAMES, result,
+                                 stop_on_eos=False, decode_group=DECODE_GROUP):
+            pass
+        return [np.stack(result.latents), result.audio, np.array(result.eos_logits)]
+
+    return run

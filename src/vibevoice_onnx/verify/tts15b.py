@@ -25,14 +25,15 @@ from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prom
 from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
 from ..reference.tts15b import TorchGuidedLm, Tts15bReference, generate
 from ..runtime.bundle import Bundle
+from ..runtime.device import host
 from ..runtime.lm import KvCache
 from ..runtime.tts15b import LongFormBatch, OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .calibration import StepError, calibrated_gates, perturbed_runs, picks
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, compare, decoder_gates, forced_gates,
-    head_gate, lm_gates, lm_step, module_gate,
+    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, decoder_gates,
+    forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
 CLOSED_LOOP_SCRIPT = (
@@ -119,7 +120,7 @@ def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe:
         ours, ours_state = runtime.semantic.run(chunk, ours_state)
         outputs.append(ours)
         references.append(reference.semantic_encoder(as_tensor(chunk), padding_cache=state).latents.numpy())
-    gates.append(compare("semantic_encoder_stream (4 chunks, states)", outputs + ours_state,
+    gates.append(compare("semantic_encoder_stream (4 chunks, states)", outputs + [host(v) for v in ours_state],
                          references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states], min_cosine=limit))
     whole = reference.semantic_encoder(as_tensor(chunks)).latents.numpy()
     gates.append(compare("semantic encoder: 4 streamed chunks == one pass", [np.concatenate(outputs, axis=1)], [whole]))
@@ -280,5 +281,23 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     log("  closed loops: the whole generation, runtime vs reference")
     voices, source = verification_voices(bundle, voice)
     loops, info = closed_loops(bundle, reference, runtime, voices, limits)
-    log("  batched streams against each alone")
-    return gates + loops + [batched_streams(bundle, runtime, voices)], {"closed_loop": {**info, "voices": source}}
+    log("  batched streams against each alone; the bound loop against the unbound one")
+    return (gates + loops + [batched_streams(bundle, runtime, voices), bound_gate(bundle, bound_loop(voices), BOUND_DETAIL)],
+            {"closed_loop": {**info, "voices": source}})
+
+
+BOUND_DETAIL = "the closed loop's script with forced segments: voice encoding, prompt, tokens, latents and audio"
+
+
+def bound_loop(voices: list[np.ndarray]):
+    """The forced-segments closed loop on a backend of the bundle given (verify.common.bound_gate)."""
+    def run(bundle: Bundle) -> list[np.ndarray]:
+        runtime, ids = OnnxTts15bBackend(bundle), TokenIds.from_tokenizer(bundle.tokenizer)
+        prompt = build_prompt(bundle.tokenizer, parse_script(CLOSED_LOOP_SCRIPT), [-(-len(v) // 3200) for v in voices])
+        embeds, result = prompt_embeddings(runtime, prompt, voices, None), LongFormResult()
+        noise = NoiseSource.from_seed(SEED, bundle.dims.head.latent)
+        for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, result, forced_segments(ids)):
+            pass
+        return [embeds, np.stack(result.latents), result.audio, np.array(result.tokens)]
+
+    return run
