@@ -1,0 +1,86 @@
+"""benchmarks/gpu.py, the prepared GPU run, as far as a machine without a GPU can take it: it refuses without a CUDA
+provider (one sentence naming onnxruntime-gpu and the swap, exit 2), and its --device cpu smoke runs one plan
+item end to end offline into a JSON whose every measured step carries its command and numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_bundle
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu.py"
+
+
+def run_script(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}  # nothing may be fetched
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_refuses_without_cuda_provider(tmp_path):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers() and shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a CUDA provider and nvidia-smi: the script would run")
+    proc = run_script("--workdir", str(tmp_path / "work"), timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    message = proc.stderr.strip()
+    assert message.count("\n") == 0 and message.endswith("."), message
+    assert "onnxruntime-gpu" in message and "pip uninstall -y onnxruntime && pip install onnxruntime-gpu" in message
+    assert "--device cpu" in message
+    assert not (tmp_path / "work").exists()  # refused before any work
+
+
+def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bundle, tmp_path):
+    """The tiny realtime item on the CPU provider: the session's bundle (a copy: bench records into it) is kept with
+    --reuse, so the run is voice import, verify and two benches (about 35 s on 2 cores)."""
+    checkpoint = tmp_path / "checkpoint"  # the session's tiny checkpoint with the preset make-checkpoint would add
+    checkpoint.mkdir()
+    for path in tiny_checkpoints["realtime"].iterdir():
+        (checkpoint / path.name).symlink_to(path)
+    (checkpoint / "voices").mkdir()
+    shutil.copyfile(tiny_preset, checkpoint / "voices" / "synthetic.pt")
+    work = tmp_path / "work"
+    copy_bundle(tiny_bundle, work / "realtime-tiny" / "onnx" / "realtime" / "cpu_fp32")
+    out = tmp_path / "gpu.json"
+    proc = run_script("--device", "cpu", "--only", "realtime-tiny", "--frames", "8", "--streams", "1,2", "--reuse",
+                      "--checkpoint", f"realtime-tiny={checkpoint}", "--workdir", str(work), "--out", str(out),
+                      timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    for key in ("date", "cpu", "commit", "command", "onnxruntime", "providers", "bench_cuda_graphs"):
+        assert record[key], key
+    assert record["device"] == "cpu" and record["gpu"] is None and len(record["commit"].split()[0]) == 40
+    steps = {key: value for key, value in record.items() if isinstance(value, dict) and "status" in value}
+    assert list(steps) == ["realtime-tiny make-checkpoint", "realtime-tiny cpu_fp32 build", "realtime-tiny cpu_fp32 voice",
+                           "realtime-tiny cpu_fp32 verify", "realtime-tiny cpu_fp32 bench x1",
+                           "realtime-tiny cpu_fp32 bench x2"]
+    assert all(step["status"] == "ok" for step in steps.values()), steps
+    verify = steps["realtime-tiny cpu_fp32 verify"]
+    assert verify["command"].endswith("verify " + str(work / "realtime-tiny/onnx/realtime/cpu_fp32") + " --json")
+    assert verify["passed"] is True and verify["gates_failed"] == [] and verify["gates"] and verify["worst_cosine"] > 0.99
+    for streams in (1, 2):
+        bench = steps[f"realtime-tiny cpu_fp32 bench x{streams}"]
+        assert " bench " in bench["command"] and "--frames 8" in bench["command"]
+        assert ("--streams 2" in bench["command"]) == (streams == 2)
+        assert bench["rtf"] > 0 and bench["first_audio_ms"] > 0 and bench["throughput"] > 0
+        assert bench["late_frames"] >= 0 and bench["gates"] == "passed" and bench["seconds"] > 0
+        assert "gpu_peak_mib" not in bench  # no GPU to poll on the CPU
+    assert "throughput_vs_one" in steps["realtime-tiny cpu_fp32 bench x2"]
+    table = out.with_suffix(".md").read_text()
+    assert "| realtime-tiny cpu_fp32 bench x2 | ok |" in table and table.strip().splitlines()[-1] in proc.stdout
+
+    sys.path.insert(0, str(REPO))
+    try:  # the docs site renders benchmarks/results/*.json with this hook: a results file of this script must render
+        from docs_hooks.benchmarks import render
+    finally:
+        sys.path.remove(str(REPO))
+    assert "realtime-tiny cpu_fp32 bench x2" in render(out.name, record)
