@@ -4,18 +4,22 @@ profile), their gates, and `bench` at 1, 8, 32 and 64 batched streams with the G
     python benchmarks/gpu.py                      # on a machine with an NVIDIA GPU and onnxruntime-gpu
     python benchmarks/gpu.py --device cpu         # the same plan's plumbing on the CPU (tiny checkpoints)
 
-Offline: the checkpoints are made here (`make-checkpoint`, tokenizer included), nothing is downloaded. The plan,
-in order: a tiny realtime, a tiny 1.5B and a full-size realtime checkpoint, each built cuda_fp32 and cuda_fp16
-(the fp16 graphs converted from the fp32 ones), the full-size one also cuda_fp16 with `--profile fixed`; each
-bundle verified (`verify --json`: pass or fail and every gate's numbers) and timed with `bench --json`: fp16
-bundles at every --streams count, fp32 ones at one stream and the largest count, the fixed one at one stream
-with and without `--cuda-graphs` (where this version's `bench` has it). Each step runs in its own process with
-its own time limit while a thread polls nvidia-smi for the GPU's peak memory; a step that fails or runs out of
-time is recorded so and the plan goes on; past --deadline (default 450 s) the rest is recorded as skipped, so
-a run ends within 8 minutes. Results: one JSON (each number beside the command that measured it, the commit,
-the GPU, onnxruntime's version and providers), default benchmarks/results/DATE-gpu-GPUNAME.json, and a
-markdown table printed and written beside it. Without a CUDA provider or nvidia-smi it refuses (exit 2)
-unless --device cpu is given: then the tiny checkpoints run on the CPU provider, fp32 only, with fewer frames.
+Offline: the checkpoints are made here (`make-checkpoint`, tokenizer included), nothing is downloaded. The plan:
+a tiny realtime, a full-size realtime and a tiny 1.5B checkpoint, each built cuda_fp32 and cuda_fp16 (the fp16
+graphs converted from the fp32 ones), the full-size one also cuda_fp16 with `--profile fixed`; each bundle
+verified (`verify --json`: pass or fail and every gate's numbers) and timed with `bench --json`: the full-size
+fp16 one at every --streams count, its fp32 one at one stream and the largest count, the fixed one at one stream
+with and without `--cuda-graphs` (where this version's `bench` has it), the tiny ones at one stream.
+
+Each step runs in its own process with its own time limit while a thread polls nvidia-smi for the GPU's peak
+memory; a step that fails or runs out of time is recorded so and the plan goes on; past --deadline (default
+450 s) the rest is recorded as skipped, so a run ends within 8 minutes (a second run with --reuse --only ITEMS
+finishes what it cut, reusing the builds). --dry-run prints the plan's commands and limits and runs nothing.
+
+Results: one JSON (each number beside the command that measured it, the commit, the GPU, onnxruntime's version
+and providers), default benchmarks/results/DATE-gpu-GPUNAME.json, and a markdown table printed and written
+beside it. Without a CUDA provider or nvidia-smi it refuses (exit 2) unless --device cpu is given: then the plan
+runs on the CPU provider with the tiny checkpoints only, fp32, and fewer frames (a smoke run of its plumbing).
 Not part of CI (tests/test_gpu_benchmark.py runs the CPU smoke of one item).
 """
 
@@ -60,14 +64,18 @@ class Item:
 
 
 def plan(device: str, largest: int) -> list[Item]:
-    """The bundles in the order they are measured: what matters most first, so a deadline cuts the least."""
+    """The bundles in the order they are measured, what matters most first so that the deadline cuts the least:
+    the tiny checkpoints' gates and one stream (quick; the tiny 1.5B's the only 1.5B check), the full-size realtime
+    fp16 at every stream count, its fixed profile, and last the fp32 baseline. On the CPU the tiny realtime stands
+    in for the full-size one."""
     if device == "cpu":
         return [Item("realtime-tiny", "realtime-tiny", "fp32"), Item("realtime-tiny-fixed", "realtime-tiny", "fp32", True, (1,)),
-                Item("1.5b-tiny", "1.5b-tiny", "fp32")]
-    return [Item("realtime-tiny", "realtime-tiny", "fp16"), Item("realtime-tiny", "realtime-tiny", "fp32", streams=(1,)),
-            Item("1.5b-tiny", "1.5b-tiny", "fp16"), Item("1.5b-tiny", "1.5b-tiny", "fp32", streams=(1,)),
+                Item("1.5b-tiny", "1.5b-tiny", "fp32", streams=(1,))]
+    return [Item("realtime-tiny", "realtime-tiny", "fp16", streams=(1,)),
+            Item("realtime-tiny", "realtime-tiny", "fp32", streams=(1,)),
             Item("realtime-full", "realtime-full", "fp16"),
             Item("realtime-full-fixed", "realtime-full", "fp16", True, (1,)),
+            Item("1.5b-tiny", "1.5b-tiny", "fp16", streams=(1,)), Item("1.5b-tiny", "1.5b-tiny", "fp32", streams=(1,)),
             Item("realtime-full", "realtime-full", "fp32", streams=(1, largest))]
 
 
@@ -78,10 +86,11 @@ class Runner:
     deadline: float
     workdir: Path
     gpu: bool
+    dry: bool = False
     results: dict = field(default_factory=dict)
 
     def ok(self, name: str) -> bool:
-        return self.results.get(name, {}).get("status") == "ok"
+        return self.results.get(name, {}).get("status") in ("ok", "planned")
 
     def step(self, name: str, command: list[str] | None, limit: float, needs: tuple[str, ...] = (), note: str = "") -> dict:
         record: dict = {"command": shlex.join(command) if command else None}
@@ -92,11 +101,14 @@ class Runner:
             record["status"] = note
         elif missing:
             record["status"] = f"skipped: {missing[0]} did not succeed"
+        elif self.dry:
+            record.update(status="planned", limit_seconds=limit)
         elif left < 5:
             record["status"] = "skipped: past the total deadline"
         else:
             record.update(self._run(name, command, min(limit, left)))
-        print(f"{name}: {record['status']}" + (f" in {record['seconds']} s" if "seconds" in record else ""), flush=True)
+        if not self.dry:
+            print(f"{name}: {record['status']}" + (f" in {record['seconds']} s" if "seconds" in record else ""), flush=True)
         return record
 
     def _run(self, name: str, command: list[str], limit: float) -> dict:
@@ -288,7 +300,9 @@ def prepare_bundle(args: argparse.Namespace, runner: Runner, name: str, checkpoi
         runner.step(f"{tag} build", [*CLI, "build", str(checkpoint), "-o", str(bundle.parents[1]), "--device", args.device,
                                      "--precision", precision, *(["--profile", "fixed"] if fixed else [])],
                     LIMITS[size]["build"], (made,))
-    voice = checkpoint / "voices" / "synthetic.pt" if kind == "realtime" else voice_sample(bundle.parents[2] / "voice.wav")
+    voice = checkpoint / "voices" / "synthetic.pt" if kind == "realtime" else bundle.parents[2] / "voice.wav"
+    if kind != "realtime" and not runner.dry:
+        voice_sample(voice)
     runner.step(f"{tag} voice", [*CLI, "voices", "import", str(bundle), str(voice), "--name", "synthetic", "--force"],
                 LIMITS[size]["voice"], (f"{tag} build",))
 
@@ -320,9 +334,9 @@ def summary(results: dict) -> str:
                "late_frames", "throughput", "throughput_vs_one")
     lines = ["| step | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for name, record in results.items():
-        cells = [record.get(c) for c in columns]
-        lines.append(f"| {name} | " + " | ".join("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
-                                                 for v in cells) + " |")
+        cells = ["" if v is None else f"{v:.6g}" if c == "worst_cosine" else f"{v:.4g}" if isinstance(v, float)
+                 else str(v) for c, v in ((c, record.get(c)) for c in columns)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -339,6 +353,8 @@ def parse_arguments() -> argparse.Namespace:
                         help="use this checkpoint for realtime-tiny, 1.5b-tiny or realtime-full (not made)")
     parser.add_argument("--reuse", action="store_true", help="keep the bundles already in WORKDIR (a rerun after a "
                         "step ran out of time; checkpoints there are always kept)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (each step's command and time limit) "
+                        "as JSON and stop; needs no GPU")
     parser.add_argument("--deadline", type=float, default=450.0, help="seconds for the whole plan (default 450)")
     parser.add_argument("--out", type=Path, help="the JSON (default benchmarks/results/DATE-gpu-GPUNAME.json; "
                                                  "cpu: WORKDIR/DATE-gpu-cpu.json)")
@@ -360,6 +376,11 @@ def parse_arguments() -> argparse.Namespace:
 def main() -> int:
     args = parse_arguments()
     started = time.monotonic()
+    if args.dry_run:  # the plan's commands and limits as JSON; nothing is run or written
+        runner = Runner(started + args.deadline, args.workdir.resolve(), False, dry=True)
+        run_plan(args, runner, has_cuda_graphs())
+        print(json.dumps(runner.results, indent=2))
+        return 0
     if args.device == "cuda" and (why := cuda_missing()):
         print(f"benchmarks/gpu.py needs an NVIDIA GPU and onnxruntime-gpu, and {why}: install onnxruntime-gpu in place "
               f"of onnxruntime (`{SWAP}`) on a machine with nvidia-smi, or pass --device cpu for a smoke run of the "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,37 @@ def test_refuses_without_cuda_provider(tmp_path):
     assert "onnxruntime-gpu" in message and "pip uninstall -y onnxruntime && pip install onnxruntime-gpu" in message
     assert "--device cpu" in message
     assert not (tmp_path / "work").exists()  # refused before any work
+
+
+def test_gpu_plan_is_commands_the_cli_takes(tmp_path):
+    """The GPU plan (--dry-run: printed, nothing run or written) in its order, each command one the CLI parses."""
+    from vibevoice_onnx.cli import build_parser
+
+    proc = run_script("--dry-run", "--workdir", str(tmp_path / "work"), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads(proc.stdout)
+    assert not (tmp_path / "work").exists()
+    for name, step in steps.items():
+        if step["command"] is None:  # only the CUDA-graphs run, where bench has no --cuda-graphs yet
+            assert name.endswith("--cuda-graphs") and step["status"] == "not available in this version", name
+            continue
+        assert step["status"] == "planned" and 0 < step["limit_seconds"] <= 240, (name, step)
+        argv = shlex.split(step["command"])
+        assert argv[:3] == [sys.executable, "-m", "vibevoice_onnx.cli"], argv
+        try:
+            build_parser().parse_args(argv[3:])
+        except SystemExit as error:
+            pytest.fail(f"{name}: the CLI refuses {step['command']} ({error})")
+    names = list(steps)
+    full = [n for n in names if n.startswith("realtime-full cuda_fp16 bench")]
+    assert full == [f"realtime-full cuda_fp16 bench x{k}" for k in (1, 8, 32, 64)]
+    assert names.index("realtime-full cuda_fp32 build") < names.index("realtime-full cuda_fp16 build")  # fp16 from fp32
+    assert steps["realtime-full cuda_fp16_fixed build"]["command"].endswith("--device cuda --precision fp16 --profile fixed")
+    assert "realtime-full cuda_fp16_fixed bench x1 --cuda-graphs" in steps
+    for item in ("realtime-tiny", "1.5b-tiny", "realtime-full"):
+        for precision in ("fp16", "fp32"):
+            assert f"{item} cuda_{precision} verify" in steps
+    assert names[-1] == "realtime-full cuda_fp32 bench x64"  # the deadline cuts the fp32 baseline first
 
 
 def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bundle, tmp_path):
