@@ -390,9 +390,9 @@ def main() -> int:
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.workdir = args.workdir.resolve()
-    gpu = gpu_description() if args.device == "cuda" else None
+    gpu = gpu_description()  # on the CPU too, where there is one: a smoke run polls it all the same
     cuda_graphs = has_cuda_graphs()
-    runner = Runner(started + args.deadline, args.workdir, args.device == "cuda")
+    runner = Runner(started + args.deadline, args.workdir, gpu is not None)
     run_plan(args, runner, cuda_graphs)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
@@ -403,7 +403,7 @@ def main() -> int:
               "frames": args.frames, "streams": args.streams, "deadline_seconds": args.deadline,
               "bench_cuda_graphs": "available" if cuda_graphs else "not available in this version",
               "total_seconds": round(time.monotonic() - started, 1), **runner.results}
-    name = re.sub(r"[^a-z0-9]+", "-", (gpu or "cpu").split(",")[0].lower()).strip("-")
+    name = re.sub(r"[^a-z0-9]+", "-", gpu.split(",")[0].lower()).strip("-") if args.device == "cuda" else "cpu"
     out = args.out or ((args.workdir if args.device == "cpu" else REPO / "benchmarks" / "results")
                        / f"{datetime.date.today().isoformat()}-gpu-{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu.py"
 
 
-def run_script(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+def run_script(*args: str, timeout: float, path: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": path or os.environ["PATH"], "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1"}  # nothing may be fetched
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -73,7 +73,8 @@ def test_gpu_plan_is_commands_the_cli_takes(tmp_path):
 
 def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bundle, tmp_path):
     """The tiny realtime item on the CPU provider: the session's bundle (a copy: bench records into it) is kept with
-    --reuse, so the run is voice import, verify and two benches (about 35 s on 2 cores)."""
+    --reuse, so the run is voice import, verify and two benches (about 35 s on 2 cores). A stand-in nvidia-smi on
+    PATH answers the GPU queries, so the description and the memory polling run too."""
     checkpoint = tmp_path / "checkpoint"  # the session's tiny checkpoint with the preset make-checkpoint would add
     checkpoint.mkdir()
     for path in tiny_checkpoints["realtime"].iterdir():
@@ -83,14 +84,21 @@ def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bun
     work = tmp_path / "work"
     copy_bundle(tiny_bundle, work / "realtime-tiny" / "onnx" / "realtime" / "cpu_fp32")
     out = tmp_path / "gpu.json"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$*" in\n  *name,driver*) echo "NVIDIA Stand-In 80GB, 550.54, 81559 MiB" ;;\n'
+                   '  *) echo 1234 ;;\nesac\n')
+    smi.chmod(0o755)
     proc = run_script("--device", "cpu", "--only", "realtime-tiny", "--frames", "8", "--streams", "1,2", "--reuse",
                       "--checkpoint", f"realtime-tiny={checkpoint}", "--workdir", str(work), "--out", str(out),
-                      timeout=240)
+                      timeout=240, path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(out.read_text())
     for key in ("date", "cpu", "commit", "command", "onnxruntime", "providers", "bench_cuda_graphs"):
         assert record[key], key
-    assert record["device"] == "cpu" and record["gpu"] is None and len(record["commit"].split()[0]) == 40
+    assert record["device"] == "cpu" and len(record["commit"].split()[0]) == 40
+    assert record["gpu"] == "NVIDIA Stand-In 80GB, driver 550.54, 81559 MiB"
     steps = {key: value for key, value in record.items() if isinstance(value, dict) and "status" in value}
     assert list(steps) == ["realtime-tiny make-checkpoint", "realtime-tiny cpu_fp32 build", "realtime-tiny cpu_fp32 voice",
                            "realtime-tiny cpu_fp32 verify", "realtime-tiny cpu_fp32 bench x1",
@@ -105,7 +113,7 @@ def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bun
         assert ("--streams 2" in bench["command"]) == (streams == 2)
         assert bench["rtf"] > 0 and bench["first_audio_ms"] > 0 and bench["throughput"] > 0
         assert bench["late_frames"] >= 0 and bench["gates"] == "passed" and bench["seconds"] > 0
-        assert "gpu_peak_mib" not in bench  # no GPU to poll on the CPU
+        assert bench["gpu_peak_mib"] == 1234 and bench["gpu_memory_before_mib"] == 1234  # polled during the step
     assert "throughput_vs_one" in steps["realtime-tiny cpu_fp32 bench x2"]
     table = out.with_suffix(".md").read_text()
     assert "| realtime-tiny cpu_fp32 bench x2 | ok |" in table and table.strip().splitlines()[-1] in proc.stdout
