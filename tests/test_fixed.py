@@ -197,3 +197,41 @@ def test_bench_times_the_fixed_bundle_against_its_dynamic_sibling_in_one_run(fix
     assert "upper_lm" in other["graphs"] and other["peak_memory_bytes"] > 0  # its own process, its own memory
     assert ours["weight_bytes"] == sum(ours["graph_weight_bytes"].values())
     assert "against       " in format_report(report) and "graph sizes   lower_lm_text " in format_report(report)
+
+
+def test_static_buffers_for_cuda_graphs_give_the_same_loop_and_check_their_shapes(fixed_root, capsys):
+    """CUDA graphs replay what they captured on the same addresses: every graph of the fixed profile in buffers
+    allocated once and bound once (runtime.device.StaticBinding). No GPU here: the same binding in CPU memory
+    gives the fixed loop bitwise; a dynamic graph, a call of other shapes and a bundle that is not fixed-profile
+    CUDA are refused, each with a sentence."""
+    from vibevoice_onnx.errors import BundleError, VibeVoiceError
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.device import StaticBinding
+    from vibevoice_onnx.text import encode_tts_text
+    from vibevoice_onnx.verify.realtime import bound_loop
+
+    root, _ = fixed_root
+    plain = Bundle(bundle_of(root, "fp32"))
+    loop = bound_loop(plain.voice("synthetic"), encode_tts_text(plain.tokenizer, "Captured once, replayed after."))
+    static = Bundle(bundle_of(root, "fp32"))
+    static.static_graphs = True  # what cuda_graphs=True sets on a CUDA bundle
+    replayed = loop(static)
+    for ours, theirs in zip(replayed, loop(plain)):
+        assert np.array_equal(ours, theirs)
+    lm = static.session("upper_lm_step")
+    assert lm.static is not None and lm.static.binding is not None
+    embeds = lm.static.inputs["inputs_embeds"][0]
+    with pytest.raises(VibeVoiceError, match="is not the .* its CUDA graph was captured with"):
+        lm.run(None, {name: np.zeros(shape if name != "inputs_embeds" else (embeds[0], embeds[1] + 1, embeds[2]),
+                                     dtype) for name, (shape, dtype) in lm.static.inputs.items()})
+    dynamic = Bundle(root / "realtime" / "cpu_fp32")
+    with pytest.raises(BundleError, match="dynamic dimensions .* --profile fixed"):
+        StaticBinding("upper_lm", dynamic.graph("upper_lm"), dynamic.placement)
+    with pytest.raises(BundleError, match="CUDA graphs need a bundle of the fixed profile built for CUDA"):
+        Bundle(bundle_of(root, "fp32"), cuda_graphs=True)
+    from vibevoice_onnx.cli import EXIT_ERROR, main
+
+    capsys.readouterr()
+    assert main(["bench", str(bundle_of(root, "fp32")), "--frames", "2", "--cuda-graphs"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "CUDA graphs need a bundle of the fixed profile built for CUDA" in err and "Traceback" not in err

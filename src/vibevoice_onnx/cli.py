@@ -516,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "greedy tokens each)")
     p.add_argument("--against", metavar="BUNDLE_DIR", help="also time this bundle of the same kind the same way, in "
                    "a child process (its own memory): a fixed-profile bundle against its dynamic sibling, say")
+    p.add_argument("--cuda-graphs", action="store_true", help="a fixed-profile CUDA bundle: capture each graph "
+                   "once as a CUDA graph and replay it every call (time it against a bench without this flag)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
                    "what each latent cost along the run (needs matplotlib)")

@@ -140,8 +140,9 @@ def peak_memory_bytes(children: bool = False) -> int:
     return usage.ru_maxrss * 1024  # kilobytes on Linux
 
 
-def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int | None, options: dict) -> dict:
-    bundle = Bundle(Path(bundle_dir), threads=threads)
+def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int | None, options: dict,
+                cuda_graphs: bool = False) -> dict:
+    bundle = Bundle(Path(bundle_dir), threads=threads, cuda_graphs=cuda_graphs)
     backend_class, bench_frames, _ = bench_kind(bundle.kind)
     timings = bundle.time_calls()
     backend = backend_class(bundle)
@@ -162,6 +163,7 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
     return {
         "bundle": str(bundle.path), "kind": bundle.kind, "precision": bundle.info.precision,
         "gates": gate_status(bundle), "voice": voice, "frames": result.frames, "options": options,
+        "cuda_graphs": cuda_graphs,
         "shared_pool_threads": shared_pool_threads(), **run, "real_time_factor": run["wall_seconds"] / (result.frames * FRAME_SECONDS),
         "first_audio_seconds": run["chunk_times"][0], "warm_first_audio_seconds": warm_first_audio,
         "growth": growth(run), "graphs": per_graph,
@@ -352,11 +354,12 @@ def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | N
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
           threads: int | None = None, decode_group: int | None = None, streams: int = 1,
-          audio: list[Path] | None = None, against: Path | None = None) -> dict:
+          audio: list[Path] | None = None, against: Path | None = None, cuda_graphs: bool = False) -> dict:
     """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's. With
     `streams` > 1, the report of `run_streams` (no reference). An ASR bundle: `run_transcription_streams` of
     the recordings `audio`, `frames` greedy tokens each. `against`: another bundle of the same kind (a fixed
-    profile's dynamic sibling, another precision) run the same way in the same bench."""
+    profile's dynamic sibling, another precision) run the same way in the same bench. `cuda_graphs`: a
+    fixed-profile CUDA bundle's graphs captured once and replayed (runtime.device.StaticBinding)."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
     from .asr import ASR_KINDS
@@ -368,13 +371,16 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     if audio:
         raise VibeVoiceError("--audio is for ASR bundles; a TTS bundle speaks its own bench text")
     options = {} if decode_group is None else {"decode_group": decode_group}
+    if cuda_graphs and (streams > 1 or reference is not None or against is not None):
+        raise VibeVoiceError("bench --cuda-graphs times one fixed-profile stream; run it without --streams, "
+                             "--reference and --against (a second bench without --cuda-graphs compares)")
     if streams > 1:
         if reference is not None:
             raise VibeVoiceError("bench --streams compares batched streams with one alone; run --reference without it")
         report = run_streams(bundle_dir, frames, streams, voice, threads, options)
         report["bandwidth_bytes_per_second"] = memory_bandwidth(threads)
         return report
-    runtime = run_runtime(bundle_dir, frames, voice, threads, options)  # first: its peak memory is its own
+    runtime = run_runtime(bundle_dir, frames, voice, threads, options, cuda_graphs)  # first: its peak memory is its own
     bandwidth = memory_bandwidth(threads)
     report = {"runtime": runtime, "bandwidth_bytes_per_second": bandwidth}
     runtime["bandwidth_floor_ms_per_frame"] = 1000 * runtime["weight_bytes_per_frame"] / bandwidth
@@ -479,7 +485,8 @@ def format_report(report: dict) -> str:
     lines = [
         f"bundle        {runtime['bundle']} ({runtime['kind']} {runtime['precision']}, gates {runtime['gates']}), voice "
         f"{runtime['voice']}, {runtime['frames']} latents{options}, "
-        f"{'one shared thread pool' if runtime['shared_pool_threads'] else 'a thread pool per session'}",
+        f"{'one shared thread pool' if runtime['shared_pool_threads'] else 'a thread pool per session'}"
+        + (", CUDA graphs replayed" if runtime.get("cuda_graphs") else ""),
         f"runtime       real-time factor {runtime['real_time_factor']:.3f}, first audio {1000 * runtime['first_audio_seconds']:.0f} ms "
         f"(warm: {1000 * runtime['warm_first_audio_seconds']:.0f} ms), "
         f"{per_frame:.1f} ms per latent, peak memory {runtime['peak_memory_bytes'] / 1e9:.2f} GB "

@@ -16,7 +16,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..families import family
 from ..options import check_optional
 from ..voices import check_voice_fits, load_voice
-from .device import GraphSession, Placement
+from .device import GraphSession, Placement, StaticBinding
 from .manifest import FORMAT_VERSION, MANIFEST, Manifest, damaged, recordable, validate_manifest  # noqa: F401 (their old home)
 
 HOST_TENSORS = "host.safetensors"
@@ -181,7 +181,7 @@ class Bundle:
     """Opens a bundle directory. Sessions are created on first use, with the given providers/options."""
 
     def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None,
-                 bound: bool = True):
+                 bound: bool = True, cuda_graphs: bool = False):
         self.path = Path(path)
         self.info = Manifest.read(self.path)  # the manifest, checked and typed: read its fields here
         self.manifest = self.info.raw  # manifest.json as written, a dict (the package reads `info`; users may read this)
@@ -194,6 +194,13 @@ class Bundle:
         self.threads = check_optional("threads", threads)
         # every graph call through I/O binding, state on the device (runtime.device); unbound: verify's other path
         self.placement = Placement.of(self.providers, bound)
+        # every graph in buffers of its own bound once (runtime.device.StaticBinding), captured as a CUDA graph
+        # on its first call and replayed after: the fixed profile's static shapes are what that needs
+        self.static_graphs = cuda_graphs
+        if cuda_graphs and (self.info.profile_name != "fixed" or self.placement.device != "cuda"):
+            raise BundleError(f"{self.path}: CUDA graphs need a bundle of the fixed profile built for CUDA "
+                              "(build --profile fixed --device cuda); this one is "
+                              f"{self.info.profile_name}, for {self.info.device}")
         self._sessions: dict = {}
         self._voice_files: dict = {}  # voices given as files or URLs, read once
         self.timings: dict[str, list[float]] | None = None  # graph -> seconds per call, once time_calls() is on
@@ -308,12 +315,20 @@ class Bundle:
                 raise VibeVoiceError("this process shares one onnxruntime thread pool (share_threads): session "
                                      "options must set use_per_session_threads = False")
             path = self.path / self.info.graphs[name]["file"]
+            static = StaticBinding(name, self.info.graphs[name], self.placement) if self.static_graphs else None
             try:
-                session = ort.InferenceSession(str(path), options, providers=self.providers)
+                session = ort.InferenceSession(str(path), options, providers=self.session_providers(static is not None))
             except Exception as e:  # onnxruntime raises its own pybind classes (InvalidProtobuf, Fail, ...)
                 raise damaged(path, f"onnxruntime cannot load the graph ({_first_line(e)})") from None
-            self._sessions[name] = GraphSession(name, session, self.placement, self.timings)
+            self._sessions[name] = GraphSession(name, session, self.placement, self.timings, static)
         return self._sessions[name]
+
+    def session_providers(self, cuda_graph: bool) -> list:
+        """The bundle's providers, the CUDA one asked to capture and replay the session as a CUDA graph."""
+        if not cuda_graph or self.placement.device != "cuda":
+            return self.providers
+        return [("CUDAExecutionProvider", {"device_id": self.placement.device_id, "enable_cuda_graph": "1"})
+                if provider == "CUDAExecutionProvider" else provider for provider in self.providers]
 
     def release(self, name: str) -> None:
         """Drop graph `name`'s session (and its weights) until it is needed again."""

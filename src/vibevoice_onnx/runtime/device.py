@@ -116,10 +116,12 @@ class Region:
 
 class GraphSession:
     """An onnxruntime session of a bundle, called bound or unbound (see the module), its calls timed into
-    `timings[name]` once the bundle times them."""
+    `timings[name]` once the bundle times them. `static`: a graph of static shapes whose every input and output
+    lies in a buffer of its own allocated once on the device (StaticBinding), as CUDA graph replay needs."""
 
-    def __init__(self, name: str, session, placement: Placement, timings: dict | None = None):
-        self.name, self.session, self.placement, self.timings = name, session, placement, timings
+    def __init__(self, name: str, session, placement: Placement, timings: dict | None = None,
+                 static: "StaticBinding | None" = None):
+        self.name, self.session, self.placement, self.timings, self.static = name, session, placement, timings, static
         self.output_names = [o.name for o in session.get_outputs()]
 
     def run(self, output_names: list[str] | None, feeds: dict, keep=frozenset(), into: dict | None = None) -> list:
@@ -130,6 +132,8 @@ class GraphSession:
         names = [n for n in self.output_names if n not in into] if output_names is None else list(output_names)
         start = time.perf_counter()
         try:
+            if self.static is not None:
+                return self.static.run(self.session, names, feeds)
             if self.placement.bound:
                 return self._bound(names, feeds, set(keep), into)
             return self._unbound(names, feeds, into)
@@ -165,3 +169,53 @@ class GraphSession:
 
     def __getattr__(self, attribute):
         return getattr(self.session, attribute)
+
+
+class StaticBinding:
+    """One graph's inputs and outputs in buffers allocated once on the device and bound once: each call copies
+    its host inputs into the input buffers and replays. onnxruntime's CUDA graphs (`enable_cuda_graph`) capture a
+    graph's kernels on its first run and then replay them on these same addresses, so every buffer must keep its
+    address and shape: a graph whose shapes are not all static is refused at opening, and a call of other
+    shapes at the call."""
+
+    def __init__(self, name: str, graph: dict, placement: Placement):
+        dynamic = [f"{v['name']} {v['shape']}" for v in graph["inputs"] + graph["outputs"]
+                   if not all(isinstance(d, int) and d > 0 for d in v["shape"])]
+        if dynamic:
+            from ..errors import BundleError
+
+            raise BundleError(f"graph {name} has dynamic dimensions ({', '.join(dynamic)}); CUDA graphs replay static "
+                              "shapes only: build the bundle with --profile fixed")
+        self.name, self.placement = name, placement
+        self.inputs = {v["name"]: (tuple(v["shape"]), v["dtype"]) for v in graph["inputs"]}
+        self.outputs = {v["name"]: (tuple(v["shape"]), v["dtype"]) for v in graph["outputs"]}
+        self.binding, self.values = None, {}
+
+    def run(self, session, names: list[str], feeds: dict) -> list:
+        if set(feeds) != set(self.inputs):
+            raise ValueError(f"{self.name}: a static binding takes exactly the inputs {sorted(self.inputs)}")
+        for name, value in feeds.items():
+            if tuple(np.shape(value)) != self.inputs[name][0]:
+                from ..errors import VibeVoiceError
+
+                raise VibeVoiceError(f"{self.name}: input {name} of shape {list(np.shape(value))} is not the "
+                                     f"{list(self.inputs[name][0])} its CUDA graph was captured with")
+        if self.binding is None:
+            self._bind(session)
+        for name, value in feeds.items():
+            self.values[name].update_inplace(np.ascontiguousarray(value, dtype=self.inputs[name][1]))
+        session.run_with_iobinding(self.binding)
+        # copies: the buffers are overwritten by the next call (on the CPU, numpy() is a view of them)
+        return [np.array(self.values[name].numpy()) for name in names]
+
+    def _bind(self, session) -> None:
+        from onnxruntime import OrtValue
+
+        where = (self.placement.device, self.placement.device_id)
+        self.binding = session.io_binding()
+        for name, (shape, dtype) in self.inputs.items():  # buffers of their own, filled by each call
+            self.values[name] = OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), *where)
+            self.binding.bind_ortvalue_input(name, self.values[name])
+        for name, (shape, dtype) in self.outputs.items():
+            self.values[name] = OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), *where)
+            self.binding.bind_ortvalue_output(name, self.values[name])

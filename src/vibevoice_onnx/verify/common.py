@@ -253,6 +253,13 @@ def bound_gate(bundle: Bundle, loop: Callable[[Bundle], list[np.ndarray]], detai
     return gate
 
 
+def replay_gate(bundle: Bundle, loop: Callable[[Bundle], list[np.ndarray]], detail: str) -> Gate:
+    """A fixed-profile CUDA bundle's graphs captured once and replayed (Bundle(cuda_graphs=True)) against the
+    same loop called as usual: a replay must compute what the captured call computed."""
+    replayed, plain = (loop(Bundle(bundle.path, providers=bundle.providers, cuda_graphs=flag)) for flag in (True, False))
+    return compare("CUDA graphs replayed == the loop without them", replayed, plain, detail, min_cosine=SAME_PATH_COSINE)
+
+
 def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe, min_cosine: float) -> Gate:
     noisy = probe.normal(len(conditions), head.noisy_images_proj.in_features)
     timesteps = np.linspace(999, 100, len(conditions)).round().astype(F32)

@@ -26,7 +26,7 @@ from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .common import (
     BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, cache_layers, cfg_steps,
-    compare,
+    compare, replay_gate,
     decoder_gates, forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
@@ -226,6 +226,8 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
         from . import realtime_fixed
 
         gates, info = realtime_fixed.run_gates(bundle, model, prompt, ids, log, limits, closed_loop)
+        if bundle.placement.device == "cuda":  # static shapes: captured once as CUDA graphs, replayed per call
+            gates.append(replay_gate(bundle, bound_loop(prompt, ids), f"{BOUND_FRAMES} frames of the closed loop"))
         return gates + [bound], {**info, "closed_loop": {**info["closed_loop"], "voice": voice}}
     runtime = OnnxRealtimeBackend(bundle)
     gates = graph_gates(bundle, model, runtime, log, limits.graph)
