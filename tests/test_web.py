@@ -33,6 +33,9 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 SPEECH_FIXTURE = SHARED / "fixtures" / "audio" / "demo3-hotwords.wav"
 UPLOAD_LIMIT_MB = 0.5
 TEXT = "The page plays what speak gives."
+if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
+    pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
+                allow_module_level=True)
 WAIT = 60  # seconds for anything the page waits on the server for
 
 
@@ -49,8 +52,6 @@ def streaming_bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, streaming_bundle, tmp_path_factory):
-    if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
-        pytest.skip("chromium and chromedriver are not installed: run scripts/install-test-system-packages")
     root = tmp_path_factory.mktemp("web-server")
     tts15b = shutil.copytree(tiny_15b_bundle, root / "cpu_fp32")  # the page adds a voice to it
     running = Server([tiny_bundle, tts15b, tiny_asr_bundle, streaming_bundle], root / "server.log",
@@ -153,13 +154,24 @@ def error_line(driver) -> str:
     return line.text if line.is_displayed() else ""
 
 
+# A Float32Array of the page's, as base64 of its bytes (far smaller and faster through WebDriver than a list).
+FLOATS = ("const floats = (a) => { const b = new Uint8Array(a.buffer, a.byteOffset, a.byteLength); let s = '';"
+          "for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));"
+          "return btoa(s); };")
+
+
+def floats(encoded: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(encoded), "<f4")
+
+
 def played(driver) -> np.ndarray:
     """The samples the page played last (window.__lastAudio), as int16 like `speak --raw`."""
-    encoded = driver.execute_script(
-        "const a = window.__lastAudio; const b = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);"
-        "let s = ''; for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));"
-        "return btoa(s);")
-    return np.round(np.frombuffer(base64.b64decode(encoded), "<f4") * 32768).astype("<i2")
+    return np.round(floats(driver.execute_script(FLOATS + "return floats(window.__lastAudio);")) * 32768).astype("<i2")
+
+
+def sent_pieces(driver) -> list[np.ndarray]:
+    """The microphone's samples as the page sent them (window.__liveSent), piece by piece."""
+    return [floats(p) for p in driver.execute_script(FLOATS + "return window.__liveSent.map(floats);")]
 
 
 def spoken_by_the_page(driver) -> np.ndarray:
@@ -332,10 +344,7 @@ def test_live_transcription_from_the_microphone_shows_each_chunk_the_server_deco
     element(browser, "record-stop").click()
     wait_for(browser, lambda d: d.execute_script("return window.__liveDone === true"), "the last chunk")
     chunks = browser.execute_script("return window.__liveChunks")
-    sent = browser.execute_script(
-        "return window.__liveSent.map(p => { const b = new Uint8Array(p.buffer); let s = '';"
-        "for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));"
-        "return btoa(s); })")
+    sent = sent_pieces(browser)
     rate = browser.execute_script("return window.__liveRate")
     screenshot(browser, screens, "live")
     # the server given exactly the samples the page sent, in the same pieces, with the same settings
@@ -343,7 +352,7 @@ def test_live_transcription_from_the_microphone_shows_each_chunk_the_server_deco
                  max_size=None) as ws:
         ws.send(json.dumps({"model": model, "sample_rate": rate, "format": "f32le", "max_tokens": 4, "seed": 3}))
         for piece in sent:
-            ws.send(base64.b64decode(piece))
+            ws.send(piece.tobytes())
         ws.send("end")
         expected = []
         while not (message := json.loads(ws.recv(timeout=WAIT))).get("done"):
@@ -353,4 +362,33 @@ def test_live_transcription_from_the_microphone_shows_each_chunk_the_server_deco
     shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#asr-chunks li")]
     assert len(shown) == len(chunks) and all(c["text"].strip() in s for c, s in zip(chunks, shown))
     assert element(browser, "asr-text").text == message["text"].strip()
+    assert console_errors(browser) == []
+
+
+def test_a_recording_on_a_whole_file_model_is_transcribed_as_the_route_transcribes_it(browser, server, microphone,
+                                                                                      tmp_path):
+    """On an ASR model that is not streaming, the page records, then uploads what it recorded as a 16-bit WAV."""
+    if microphone is None:
+        pytest.skip(f"{SPEECH_FIXTURE} is not available")
+    import soundfile as sf
+
+    open_tab(browser, "transcribe")
+    model = choose(browser, "asr-model", "asr")
+    set_field(browser, "asr-tokens", 6)
+    set_field(browser, "asr-seed", 4)
+    element(browser, "record").click()
+    wait_for(browser, lambda d: d.execute_script("return (window.__liveSent || []).length") >= 5, "the microphone")
+    element(browser, "record-stop").click()
+    wait_for(browser, lambda d: "s of audio in" in element(d, "asr-status").text or error_line(d), "the transcript")
+    assert error_line(browser) == ""
+    sent = np.concatenate(sent_pieces(browser))
+    path = tmp_path / "recording.wav"  # as the page writes it: Math.round(v * 32768), clipped to 16 bits
+    sf.write(str(path), np.clip(np.floor(sent * 32768 + 0.5), -32768, 32767).astype(np.int16),
+             browser.execute_script("return window.__liveRate"), subtype="PCM_16")
+    body, kind = multipart({"model": model, "response_format": "verbose_json", "max_new_tokens": 6, "seed": 4},
+                           {"file": path})
+    expected = json.loads(api(server, "/v1/audio/transcriptions", body, kind))
+    got = browser.execute_script("return window.__lastTranscript")
+    assert got["text"] == expected["text"] and got["segments"] == expected["segments"]
+    assert abs(expected["duration"] - len(sent) / browser.execute_script("return window.__liveRate")) < 0.01
     assert console_errors(browser) == []
