@@ -1,6 +1,8 @@
 // The vibevoice-onnx page: plain JS over the server's public routes only. The API key, when the server wants
 // one, lives in this page's memory (never storage); websockets carry it as a subprotocol, since a browser
-// cannot set their headers.
+// cannot set their headers. What the page played, showed and sent is kept on window (__lastAudio,
+// __lastTranscript, __liveSent, __liveRate, __liveChunks, __liveDone): the browser tests compare it with
+// what the server gives for the same input.
 "use strict";
 
 const RATE = 24000; // the speech models' rate; the `pcm` format is s16le mono at it
@@ -297,12 +299,19 @@ $("script-form").addEventListener("submit", (event) => {
 
 // ---- type as it speaks: the text streamed in over the websocket ----
 
-let typing = null; // {ws, player, sent, done}
+let typing = null; // the open session: {ws, player, sent, ...}
+let spoken = ""; // what the last session spoke: typing on after it speaks only the new text
+
+function unspoken() {
+  const text = $("type-text").value;
+  return text.startsWith(spoken) ? text.slice(spoken.length) : text;
+}
 
 function startTyping() {
   showError("");
   const ws = socket("/v1/audio/speech/stream");
-  const session = { ws, player: new Player(), sent: "", open: false };
+  const sent = $("type-text").value.startsWith(spoken) ? spoken : "";
+  const session = { ws, player: new Player(), sent, open: false };
   const fail = (e) => { showError(e.message); endTyping(session); };
   session.release = busy($("type-form"), { stop: () => { ws.close(1000); endTyping(session); } });
   $("type-done").disabled = false;
@@ -341,6 +350,7 @@ function finishTyping(session) {
 function endTyping(session) {
   if (session.ended) return;
   session.ended = true;
+  spoken = session.sent;
   session.player.finish();
   session.release();
   if (typing === session) typing = null;
@@ -353,13 +363,13 @@ $("type-text").addEventListener("input", () => {
     showError("text already sent cannot be changed; type on at the end");
     return;
   }
-  if (!typing && area.value.trim()) typing = startTyping();
+  if (!typing && unspoken().trim()) typing = startTyping();
   if (typing) sendTyped(typing);
 });
 
 $("type-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  if (!typing && $("type-text").value.trim()) typing = startTyping();
+  if (!typing && unspoken().trim()) typing = startTyping();
   if (typing) finishTyping(typing);
 });
 
