@@ -313,6 +313,7 @@ def test_a_file_transcribes_as_the_route_does(browser, server, tmp_path, screens
     assert got["text"] == expected["text"] and got["segments"] == expected["segments"]
     assert element(browser, "asr-text").text == expected["text"].strip()
     assert element(browser, "asr-exports").is_displayed()
+    assert element(browser, "record").is_enabled() and not element(browser, "record-stop").is_enabled()
     screenshot(browser, screens, "transcribe")
     assert console_errors(browser) == []
 

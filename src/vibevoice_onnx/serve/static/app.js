@@ -250,13 +250,14 @@ function advanced() {
 let running = null; // what a Stop button ends: {stop()}
 
 function busy(form, job) {
-  const buttons = form.querySelectorAll("button");
+  // The form's buttons off but its Stop while `job` runs; the returned function puts them back as they were.
+  const buttons = [...form.querySelectorAll("button")];
+  const before = buttons.map((b) => b.disabled);
   const stop = form.querySelector(".stop");
   buttons.forEach((b) => { b.disabled = b !== stop; });
-  if (stop) stop.disabled = false;
   running = job;
   return () => {
-    buttons.forEach((b) => { b.disabled = b === stop; });
+    buttons.forEach((b, i) => { b.disabled = b === stop || before[i]; });
     if (running === job) running = null;
   };
 }
