@@ -108,6 +108,57 @@ def test_health_is_open_and_everything_else_needs_the_key(models):
         assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
+def key_protocol(key: str) -> str:
+    import base64
+
+    return "vibevoice-key." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def test_a_browser_sends_the_key_on_a_websocket_as_a_subprotocol(models):
+    """Browsers cannot set a websocket's headers: the key comes as a subprotocol, which is never echoed; a wrong
+    one is accepted only to be answered with the error event (a browser reads no reason from a refused handshake),
+    and the header still works."""
+    from starlette.websockets import WebSocketDisconnect
+
+    key = "s3cret/+=key"  # base64url makes any key a valid subprotocol token
+    with TestClient(create_app(models, Settings(api_key=key))) as c:
+        with c.websocket_connect("/v1/audio/speech/stream", subprotocols=["vibevoice", key_protocol(key)]) as ws:
+            assert ws.accepted_subprotocol == "vibevoice"
+            ws.send_json({"model": "tts-1", "voice": "nobody"})
+            assert ws.receive_json()["error"]["param"] == "voice"  # past the key: the request itself is judged
+        with c.websocket_connect("/v1/stream", subprotocols=["vibevoice", key_protocol("wrong")]) as ws:
+            event = ws.receive_json()
+            assert event["error"]["code"] == "invalid_api_key" and "subprotocol" in event["error"]["message"]
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+            assert closed.value.code == 1008
+        with pytest.raises(WebSocketDisconnect) as refused:  # no page protocol, no key: refused at the handshake
+            with c.websocket_connect("/v1/stream", subprotocols=[key_protocol("wrong")]):
+                pass
+        assert refused.value.code == 1008
+        with c.websocket_connect("/v1/audio/speech/stream", headers={"Authorization": f"Bearer {key}"}) as ws:
+            assert ws.accepted_subprotocol is None
+            ws.send_json({"model": "tts-1", "voice": "nobody"})
+            assert ws.receive_json()["error"]["param"] == "voice"
+
+
+def test_the_page_is_served_without_the_key_and_nothing_else_is(models):
+    with TestClient(create_app(models, Settings(api_key="s3cret"))) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert '"/web/app.js"' in page.text and '"/web/style.css"' in page.text
+        for name in ("app.js", "style.css", "capture.js"):
+            assert c.get(f"/web/{name}").status_code == 200
+        error_of(c.get("/web/secrets.txt"), 404)
+        error_of(c.get("/web/../v1/models"), 401)
+        assert "/" not in c.get("/openapi.json", headers={"Authorization": "Bearer s3cret"}).json()["paths"]
+
+
+def test_models_say_whether_they_passed_their_gates(client):
+    assert {m["gates"] for m in client.get("/v1/models").json()["data"]} == {"not run"}  # the tiny bundles: fp32, unverified
+
+
 def test_unknown_routes_and_methods_get_the_error_body(client):
     error_of(client.get("/v1/nothing"), 404)
     error_of(client.get("/v1/audio/speech"), 405)

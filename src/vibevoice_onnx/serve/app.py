@@ -4,7 +4,9 @@ websocket, over bundles opened once per process (serve.models)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hmac
 import logging
 import os
 import shutil
@@ -36,12 +38,18 @@ from .fields import served_model
 from .http import (Admission, ApiError, ClientGone, Pump, bounded, read_json, receive_message, sse_event,
                    with_timeout)
 from .models import Models
+from .web import add_page_routes, is_open
 
 log = logging.getLogger("vibevoice_onnx.serve")
 REQUEST_ID = "vibevoice.request_id"  # scope keys: the id every log line and answer of a request carries,
 LOGGED = "vibevoice.logged"  # and whether its failure was logged already
 API_KEY_ENV = "VIBEVOICE_API_KEY"
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and text fields, beyond the upload itself
+# A browser's websocket offers PAGE_PROTOCOL (and the key as KEY_PROTOCOL + base64url(KEY)); the server accepts
+# with PAGE_PROTOCOL, never echoing the key, and answers a refusal as an error message the page can read.
+PAGE_PROTOCOL = "vibevoice"
+KEY_PROTOCOL = "vibevoice-key."
+NEED_KEY = "a valid API key is needed: send 'Authorization: Bearer KEY'"
 
 
 @dataclass
@@ -80,6 +88,7 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
     _errors(app)
     _auth_and_log(app, settings)
     voices = sorted({v for m in models.by_id.values() if m.task == "tts" for v in m.voices()})
+    add_page_routes(app)
 
     @app.get("/health", **schema.health())
     async def health():
@@ -234,10 +243,17 @@ def _errors(app: FastAPI) -> None:
         return _internal_error(request.scope).response()
 
 
-def _authorized(headers, settings: Settings) -> bool:
+def _authorized(headers, settings: Settings, subprotocols: list[str] = ()) -> bool:
+    """The key as `Authorization: Bearer KEY`, or on a websocket as the subprotocol KEY_PROTOCOL +
+    base64url(KEY): a browser cannot set headers on a websocket, but it can offer subprotocols."""
     if not settings.api_key:
         return True
-    return headers.get("authorization", "") == f"Bearer {settings.api_key}"
+    key = settings.api_key.encode()
+    if hmac.compare_digest(headers.get("authorization", "").encode(), b"Bearer " + key):
+        return True
+    encoded = base64.urlsafe_b64encode(key).rstrip(b"=")
+    return any(hmac.compare_digest(p.encode(), KEY_PROTOCOL.encode() + encoded) for p in subprotocols
+               if p.startswith(KEY_PROTOCOL))
 
 
 def _auth_and_log(app: FastAPI, settings: Settings) -> None:
@@ -245,9 +261,8 @@ def _auth_and_log(app: FastAPI, settings: Settings) -> None:
     async def auth_and_log(request: Request, call_next):
         started = time.perf_counter()
         request.state.model, request.state.audio_seconds, request.state.streamed = None, None, False
-        if request.url.path != "/health" and not _authorized(request.headers, settings):
-            response = ApiError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'",
-                                code="invalid_api_key").response()
+        if not is_open(request.url.path) and not _authorized(request.headers, settings):
+            response = ApiError(401, NEED_KEY, code="invalid_api_key").response()
         else:
             response = await call_next(request)
         if not request.state.streamed:  # a stream logs its own line when it ends
@@ -385,11 +400,17 @@ async def _socket(websocket: WebSocket, settings: Settings, exchange) -> None:
     started = time.perf_counter()
     run = _SocketRun(websocket)
     try:
-        if not _authorized(websocket.headers, settings):
+        offered = websocket.scope.get("subprotocols") or []
+        protocol = PAGE_PROTOCOL if PAGE_PROTOCOL in offered else None
+        if not _authorized(websocket.headers, settings, offered):
             run.status = 401
-            await websocket.close(code=1008, reason="a valid API key is needed: send 'Authorization: Bearer KEY'")
-            return
-        await websocket.accept()
+            if protocol is None:
+                await websocket.close(code=1008, reason=NEED_KEY)
+                return
+            await websocket.accept(subprotocol=protocol)  # a browser sees no reason for a refused handshake
+            raise ApiError(401, f"{NEED_KEY}, or from a browser the subprotocol '{KEY_PROTOCOL}' + base64url(KEY)",
+                           code="invalid_api_key")
+        await websocket.accept(subprotocol=protocol)
         await exchange(run)
     except Exception as e:  # noqa: BLE001 - one bad stream never takes the server down
         await run.fail(e)

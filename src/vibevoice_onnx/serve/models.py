@@ -64,10 +64,17 @@ class ServedModel:
             return target
         return voices[0] if name not in self.aliases and voices else name
 
+    @property
+    def gates(self) -> str:
+        """What `verify` found: "passed", "failed" (served only under --force) or "not run"."""
+        parity = self.bundle.info.parity
+        return "not run" if not parity else "passed" if parity.get("passed") else "failed"
+
     def describe(self) -> dict:
         return {"id": self.id, "object": "model", "created": int(self.bundle.path.stat().st_mtime),
                 "owned_by": "vibevoice-onnx", "kind": self.kind, "precision": self.bundle.info.precision,
                 "device": self.bundle.info.device, "task": "speech" if self.task == "tts" else "transcription",
+                "gates": self.gates,
                 **({"batching": self.batch.describe()} if self.batch is not None else {})}
 
 

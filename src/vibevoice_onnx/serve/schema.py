@@ -56,10 +56,11 @@ def _body(media_type: str, properties: dict, required: list[str]) -> dict:
         "type": "object", "properties": properties, "required": required}}}}}
 
 
-MODEL = {"type": "object", "required": ["id", "object", "kind", "precision", "task"],
+MODEL = {"type": "object", "required": ["id", "object", "kind", "precision", "task", "gates"],
          "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                         "owned_by": {"type": "string"}, "kind": {"type": "string"}, "precision": {"type": "string"},
                         "device": {"type": "string"}, "task": {"enum": ["speech", "transcription"]},
+                        "gates": {"enum": ["passed", "failed", "not run"]},
                         "batching": {"type": "object"}}}
 VOICE = {"type": "object", "required": ["id", "name", "model"],
          "properties": {"id": {"type": "string"}, "name": {"type": "string"}, "model": {"type": "string"}}}
