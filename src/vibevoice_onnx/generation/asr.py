@@ -4,7 +4,7 @@ The audio (normalised 24 kHz samples) goes through the acoustic and semantic enc
 upstream's non-streaming padding, or, over 60 s, in upstream's 60 s segments with the encoders' conv
 states carried from one to the next (the last padded as upstream pads its final segment); the acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per
 item times unit noise) unless the caller asks for the means; the connectors' sum fills the prompt's
-placeholders; one prefill; then greedy tokens with the KV cache until `<|endoftext|>` or `<|im_end|>` or
+placeholders; the prefill (in calls of PREFILL_CHUNK tokens); then greedy tokens with the KV cache until `<|endoftext|>` or `<|im_end|>` or
 the token limit.
 """
 
@@ -20,6 +20,10 @@ from ..transcription import SAMPLE_RATE, STOP_TOKENS, AsrPrompt
 from .common import LmStream
 
 SINGLE_PASS_SAMPLES = 60 * SAMPLE_RATE  # upstream encodes up to 60 s in one pass, longer audio in segments
+# Prompt tokens per LM call of the prefill. onnxruntime's CPU attention holds a score buffer of [heads, new tokens,
+# cache] floats per call: an hour of audio is a 27,000-token prompt, whose one-call prefill would ask the 7B's 28
+# heads for ~80 GB; in calls of 512 it is under 1.6 GB, for the same work (each call attends to what came before).
+PREFILL_CHUNK = 512
 
 
 class AsrBackend(Protocol):
@@ -95,7 +99,7 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
     embeds = backend.embed(prompt.ids).copy()
     embeds[0, prompt.audio_positions] = audio
     stream = backend.lm_stream()
-    hidden = stream.step(embeds)[:, -1]
+    hidden = prefill(stream, embeds)
     for _ in range(max_new_tokens):
         logits = backend.logits(hidden)
         token, margin = greedy_pick(logits, f"token {len(result.tokens)}")
@@ -109,6 +113,13 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
             return
         hidden = stream.step(backend.embed([token]))[:, -1]
     result.stop_reason = "max_new_tokens"
+
+
+def prefill(stream: LmStream, embeds: np.ndarray, chunk: int = PREFILL_CHUNK) -> np.ndarray:
+    """Feed the prompt's embeddings [1, S, H] in calls of `chunk` tokens: the last position's hidden [1, H]."""
+    for start in range(0, embeds.shape[1], chunk):
+        hidden = stream.step(embeds[:, start:start + chunk])
+    return hidden[:, -1]
 
 
 def forced_logits(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, tokens: list[int]) -> np.ndarray:

@@ -149,6 +149,12 @@ class Transcriber(FromPretrained):
         self.tokenizer = self.bundle.tokenizer
         self.stops = stop_ids(self.tokenizer)
 
+    def within_context(self, prompt, max_new_tokens: int) -> int:
+        """`max_new_tokens`, capped at what the model's context leaves after the prompt (see context_room)."""
+        room = context_room(len(prompt.ids), len(prompt.audio_positions), self.bundle.dims.lm.max_positions,
+                            prompt.seconds)
+        return min(max_new_tokens, room)
+
     def batch(self, max_streams: int = 4) -> AsrBatch:
         """Room for `max_streams` transcriptions whose greedy steps are batched (see AsrBatch)."""
         return AsrBatch(self.backend, max_streams)
@@ -175,6 +181,8 @@ class Transcriber(FromPretrained):
         with those of the batch's other transcriptions (call from several threads), to the same tokens."""
         samples = self.load(audio, sample_rate)
         prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
+        limit = max_new_tokens
+        max_new_tokens = self.within_context(prompt, max_new_tokens)  # before any encoding
         started = time.perf_counter()
         rng = None if mean_latents else np.random.default_rng(seed)
         result, encoded = TranscriptionResult(), [started]
@@ -197,10 +205,25 @@ class Transcriber(FromPretrained):
         except VibeVoiceError as e:
             segments, note = [], str(e)
         if result.stop_reason == "max_new_tokens":
-            note = (note + "; " if note else "") + f"stopped at the {max_new_tokens}-token limit"
+            note = (note + "; " if note else "") + (
+                f"stopped at the {max_new_tokens}-token limit" if max_new_tokens == limit else
+                f"stopped at the end of the model's context ({self.bundle.dims.lm.max_positions} positions, of which "
+                f"the audio's prompt takes {len(prompt.ids)}): transcribe the recording in shorter parts for the rest")
         return Transcript(segments, text, raw, result.tokens, note, len(samples) / SAMPLE_RATE,
                           {"encode_seconds": encoded - started, "decode_seconds": done - encoded,
                            "tokens_per_second": len(result.tokens) / max(done - encoded, 1e-9)})
+
+
+def context_room(prompt_tokens: int, audio_tokens: int, max_positions: int, seconds: float) -> int:
+    """The transcript tokens the model's context leaves after a prompt, refused with one sentence where it leaves
+    none (the longest recording that fits is named)."""
+    room = max_positions - prompt_tokens
+    if room < 1:
+        fits = (max_positions - (prompt_tokens - audio_tokens) - 1) * 3200 / SAMPLE_RATE
+        raise VibeVoiceError(f"{seconds / 60:.1f} minutes of audio take {prompt_tokens} of the model's {max_positions} "
+                             f"positions, which leaves none for the transcript: transcribe at most {fits / 60:.1f} "
+                             "minutes at a time (cut the recording into parts)")
+    return room
 
 
 def _resampled(samples: np.ndarray, rate: int | None) -> np.ndarray:
