@@ -61,7 +61,11 @@ class AsrReference:
                                             past_key_values=cache, use_cache=True)
             return out.last_hidden_state.numpy(), cache
 
-        return LmStream(run, DynamicCache(), 0)
+        def truncate(cache, length):
+            cache.crop(length)
+            return cache
+
+        return LmStream(run, DynamicCache(), 0, truncate)
 
     @torch.no_grad()
     def logits(self, hidden):
