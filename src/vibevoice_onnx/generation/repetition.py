@@ -27,7 +27,7 @@ are each recovered, so the work stays within a few hundred tokens a loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MAX_PERIOD = 64  # tokens in one repetition of a loop at most (about a long sentence)
 MIN_REPEATS = 8  # times the period must repeat in a row (upstream's client: 10 repeats of a short pattern)
@@ -54,6 +54,7 @@ class Loop:
     start: int  # index of the loop's first token in the tokens searched
     period: int
     end: int  # index after the last token searched (the loop's end)
+    chunk: int | None = None  # ASR-Streaming: the chunk it was found in (a whole session's report)
 
     @property
     def keep(self) -> int:
@@ -65,7 +66,8 @@ class Loop:
         return (self.end - self.start) / self.period
 
     def as_dict(self) -> dict:
-        return {"at_token": self.keep, "period": self.period, "repeats": round(self.repeats, 2),
+        chunk = {} if self.chunk is None else {"chunk": self.chunk}
+        return {**chunk, "at_token": self.keep, "period": self.period, "repeats": round(self.repeats, 2),
                 "tokens_cut": self.end - self.keep}
 
 
@@ -92,10 +94,12 @@ def find_loop(tokens: list[int], thresholds: Thresholds = Thresholds()) -> Loop 
 class Repetition:
     """What the guard did in one transcription (one chunk): the loops it found, each as the tokens were then
     (at_token: how many tokens were kept, the loop's first occurrence included), and whether decoding then
-    ended on its own (`recovered`) or was stopped by the guard after MAX_RECOVERIES."""
+    ended on its own (`recovered`) or was stopped by the guard after MAX_RECOVERIES. `guard`: whether the guard
+    was on (off: nothing was looked for)."""
 
     loops: list[Loop] = field(default_factory=list)
     stopped: bool = False
+    guard: bool = False
 
     @property
     def detected(self) -> bool:
@@ -106,13 +110,21 @@ class Repetition:
         return self.detected and not self.stopped
 
     def as_dict(self) -> dict:
-        return {"detected": self.detected, "recovered": self.recovered, "loops": [loop.as_dict() for loop in self.loops]}
+        return {"guard": self.guard, "detected": self.detected, "recovered": self.recovered,
+                "loops": [loop.as_dict() for loop in self.loops]}
+
+    @classmethod
+    def of_chunks(cls, reports: list["Repetition"], guard: bool) -> "Repetition":
+        """One report of a session's chunks (each loop with its chunk's index); stopped if any chunk's was."""
+        loops = [replace(loop, chunk=index) for index, report in enumerate(reports) for loop in report.loops]
+        return cls(loops, any(report.stopped for report in reports), guard)
 
     def describe(self) -> str | None:
         """A sentence for a warning, None when no loop was found."""
         if not self.loops:
             return None
-        found = ", ".join(f"{loop.period}-token period x{loop.repeats:g} at token {loop.keep}" for loop in self.loops)
+        found = ", ".join(f"{loop.period}-token period x{loop.repeats:g} at token {loop.keep}"
+                          + ("" if loop.chunk is None else f" of chunk {loop.chunk}") for loop in self.loops)
         outcome = ("decoding stopped there: the output is cut after the loop's first occurrence" if self.stopped else
                    "recovered: cut back to its first occurrence, decoding resumed with the looping token banned")
         return f"repetition loop{'s' * (len(self.loops) > 1)} detected ({found}); {outcome}"
@@ -123,7 +135,7 @@ class RepetitionGuard:
     `banned(index)` the tokens banned as pick `index`."""
 
     def __init__(self, thresholds: Thresholds = Thresholds()):
-        self.thresholds, self.report = thresholds, Repetition()
+        self.thresholds, self.report = thresholds, Repetition(guard=True)
         self.bans: dict[int, set[int]] = {}
         self.in_a_row = 0  # loops recovered from, each cut within `near` tokens of the one before
 
