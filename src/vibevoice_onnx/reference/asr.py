@@ -62,7 +62,9 @@ class AsrReference:
             return out.last_hidden_state.numpy(), cache
 
         def truncate(cache, length):
-            cache.crop(length)
+            removed = cache.get_seq_length() - length
+            if removed:  # a negative count: the tokens to remove, in old and new transformers alike
+                cache.crop(-removed)
             return cache
 
         return LmStream(run, DynamicCache(), 0, truncate)

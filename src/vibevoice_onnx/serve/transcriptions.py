@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..families import family
 from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, chunk_segments
-from ..runtime.asr import MAX_NEW_TOKENS, Transcript
+from ..runtime.asr import MAX_NEW_TOKENS, Transcript, joined
 from ..transcription import Segment, parse_transcript, render
 from .codec import decode_upload
 from ..requests import RequestError, TranscriptionRequest
@@ -146,7 +146,8 @@ def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None 
 
 def _warning(transcript: Transcript) -> str | None:
     if not transcript.segments and transcript.readable is None:
-        return f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no segments"
+        return joined(f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no "
+                      "segments", transcript.repetition.describe())
     return transcript.note
 
 
