@@ -240,13 +240,13 @@ def streaming(tmp_path_factory):
     make_checkpoint("asr-streaming", root, size="tiny", seed=3, variant="1.5b")
     geometry = streaming_geometry(json.loads((root / "preprocessor_config.json").read_text()))
     windows = list(split_windows(clip(3 * geometry.chunk_samples, 0.002), geometry))
-    return load_asr(root), load_tokenizer(root / "tokenizer.json"), geometry, windows
+    return load_asr(root), load_tokenizer(root / "tokenizer.json"), geometry, windows, root
 
 
 def test_a_streaming_chunk_is_cut_at_its_loop_and_the_session_goes_on_from_the_tokens_kept(streaming):
     from vibevoice_onnx.generation.asr_streaming import StreamingSession, forced_logits
 
-    backend, tokenizer, geometry, windows = streaming
+    backend, tokenizer, geometry, windows, _ = streaming
     sessions = [StreamingSession(backend, tokenizer, geometry, repetition_guard=guard) for guard in (False, True)]
     unguarded, guarded = ([session.chunk(window) for window in windows] for session in sessions)
     assert [c.stop_reason for c in unguarded] == ["max_tokens"] * 3  # 256 tokens each, looping
@@ -265,3 +265,34 @@ def test_a_streaming_chunk_is_cut_at_its_loop_and_the_session_goes_on_from_the_t
         picks = logits.argmax(axis=1)
         differ = {i for i, (pick, token) in enumerate(zip(picks, chunk.tokens)) if pick != token}
         assert differ and differ <= {loop.keep for loop in chunk.repetition.loops}, (differ, chunk.repetition.loops)
+
+
+def test_the_onnx_streaming_runtime_and_transcribe_stream_report_each_looping_chunk(streaming, tmp_path, capsys):
+    import soundfile as sf
+
+    from vibevoice_onnx.cli import main
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
+
+    _, _, geometry, _, checkpoint = streaming
+    bundle = build_bundle(checkpoint, tmp_path / "onnx")
+    audio = clip(3 * geometry.chunk_samples, 0.002)
+    live = StreamingTranscriber(bundle, mean_latents=True, force=True, warm=False)
+    live.feed(audio, 24000)
+    live.finish()
+    # (its tokens are not compared with the reference's: after a ban the tiny model's next picks are near ties)
+    assert [c.stop_reason for c in live.chunks] == ["repetition"] * 3
+    assert all(loop_ends(c.tokens) == [] and c.message()["repetition"] == c.repetition.as_dict() for c in live.chunks)
+    report = live.transcript().repetition.as_dict()
+    assert report["detected"] and not report["recovered"] and {loop["chunk"] for loop in report["loops"]} == {0, 1, 2}
+    assert "repetition loops detected" in live.transcript().note
+    sf.write(tmp_path / "loop.wav", audio, 24000, subtype="FLOAT")
+    assert main(["transcribe", "--stream", str(bundle), str(tmp_path / "loop.wav"), "--mean-latents", "--format", "json",
+                 "--force"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line) for line in out.splitlines()] == [c.message() for c in live.chunks]
+    assert [line.split(":")[0] for line in err.splitlines() if line.startswith("warning:")] == ["warning"] * 3
+    assert main(["transcribe", "--stream", str(bundle), str(tmp_path / "loop.wav"), "--mean-latents", "--format", "json",
+                 "--force", "--no-repetition-guard"]) == 0
+    out, err = capsys.readouterr()
+    assert all("repetition" not in json.loads(line) for line in out.splitlines()) and "warning:" not in err
