@@ -113,7 +113,8 @@ def test_a_transcription_job_gives_transcribes_json_per_file(cluster, tiny_asr_b
     for k, path in enumerate(paths):
         result = transcriber.transcribe(path, seed=k, max_new_tokens=6, hotwords="Zorblax" if k == 3 else None)
         row = rows[path.stem]
-        assert Path(row["output"]).read_text() == render("json", result.segments, result.text, result.raw)
+        assert Path(row["output"]).read_text() == render("json", result.segments, result.text, result.raw,
+                                                         result.repetition.as_dict())  # what transcribe writes
         assert row["tokens"] == len(result.tokens) == 6
     folder = tmp_path / "folder"
     folder.mkdir()

@@ -462,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=cli_type("max_new_tokens"), metavar="N", help="stop after N tokens (default 32768)")
     p.add_argument("--seed", type=cli_type("seed"), help="seed of the acoustic latents' noise (default: random)")
     p.add_argument("--mean-latents", action="store_true", help="use the acoustic encoder's mean: a deterministic run")
+    p.add_argument("--no-repetition-guard", dest="repetition_guard", action="store_false",
+                   help="decode greedily to the end even through a repetition loop (by default a loop is cut back to "
+                   "its first occurrence and decoding resumes; docs: troubleshooting)")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.add_argument("--force", action="store_true", help="transcribe with a bundle that failed its gates or, for a "
                    "quantized one, has not been verified")

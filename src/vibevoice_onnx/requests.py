@@ -240,18 +240,21 @@ def is_script(kind: str, text: str) -> bool:
 @dataclass
 class TranscriptionRequest:
     """Audio to transcribe and how: `hotwords` (names, terms) to steer the text, `seed` for the acoustic noise
-    (None: random), `max_new_tokens` (None: the runtime's cap), `mean_latents` (no noise at all)."""
+    (None: random), `max_new_tokens` (None: the runtime's cap), `mean_latents` (no noise at all),
+    `repetition_guard` (a decoding loop cut back and recovered from: generation.repetition)."""
 
     hotwords: str | None = None
     seed: int | None = None
     max_new_tokens: int | None = None
     mean_latents: bool = False
+    repetition_guard: bool = True
 
     def check(self) -> "TranscriptionRequest":
         if self.hotwords is not None and not isinstance(self.hotwords, str):
             raise RequestError("hotwords", f"{{field}} must be text, got {type(self.hotwords).__name__}")
-        if not isinstance(self.mean_latents, bool):
-            raise RequestError("mean_latents", f"{{field}} must be true or false, got {self.mean_latents!r}")
+        for name in ("mean_latents", "repetition_guard"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(name, f"{{field}} must be true or false, got {getattr(self, name)!r}")
         self.seed, self.max_new_tokens = checked("seed", self.seed), checked("max_new_tokens", self.max_new_tokens)
         return self
 
@@ -259,7 +262,8 @@ class TranscriptionRequest:
         """The runtime's keyword arguments (Transcriber.transcribe), the request checked."""
         self.check()
         cap = {} if self.max_new_tokens is None else {"max_new_tokens": self.max_new_tokens}
-        return {"hotwords": self.hotwords, "seed": self.seed, "mean_latents": self.mean_latents, **cap}
+        return {"hotwords": self.hotwords, "seed": self.seed, "mean_latents": self.mean_latents,
+                "repetition_guard": self.repetition_guard, **cap}
 
 
 def transcribe(transcriber, audio, request: TranscriptionRequest, **hooks):

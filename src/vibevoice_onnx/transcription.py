@@ -132,11 +132,14 @@ def _seconds(value) -> float | None:
         return None
 
 
-def render(fmt: str, segments: list[Segment], text: str, raw: str) -> str:
-    """`segments` as `fmt`: json (segments and the text), srt, vtt (speaker labels), txt, raw (the generated
-    text with its special tokens, exactly as decoded)."""
+def render(fmt: str, segments: list[Segment], text: str, raw: str, repetition: dict | None = None) -> str:
+    """`segments` as `fmt`: json (segments and the text, and `repetition`, the repetition guard's report, where
+    given), srt, vtt (speaker labels), txt, raw (the generated text with its special tokens, exactly as decoded)."""
     if fmt == "json":
-        return json.dumps({"segments": [asdict(s) for s in segments], "text": text}, ensure_ascii=False, indent=2) + "\n"
+        body = {"segments": [asdict(s) for s in segments], "text": text}
+        if repetition is not None:
+            body["repetition"] = repetition
+        return json.dumps(body, ensure_ascii=False, indent=2) + "\n"
     if fmt == "raw":
         return raw
     if fmt == "txt":

@@ -19,7 +19,8 @@ from .items import STOPPED, JobFolder, Row
 
 SYNTHESIS_FIELDS = frozenset({"id", "text", "script", "voice", "speakers", "seed", "cfg_scale", "steps", "max_frames",
                               "wav_format", "turn_gap", "voice_latents", "response_format"})
-TRANSCRIPTION_FIELDS = frozenset({"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents"})
+TRANSCRIPTION_FIELDS = frozenset({"id", "audio", "hotwords", "seed", "max_new_tokens", "mean_latents",
+                                  "repetition_guard"})
 # How an item names a request's fields in its row's error: as its JSON key.
 ITEM_SPELLING = Spelling(lambda name: f'"{name}"', '"speakers": {{"{n}": VOICE}}')
 
@@ -143,7 +144,8 @@ def _speaker_numbers(speakers) -> dict:
 
 
 class TranscriptionWorker(Worker):
-    """`transcribe --format json` for each item: {"id", "audio": PATH, "hotwords", "seed", "max_new_tokens"}."""
+    """`transcribe --format json` for each item: {"id", "audio": PATH, "hotwords", "seed", "max_new_tokens",
+    "mean_latents", "repetition_guard"}."""
 
     task, fields = "transcribe", TRANSCRIPTION_FIELDS
 
@@ -154,11 +156,12 @@ class TranscriptionWorker(Worker):
         if not isinstance(item.get("audio"), str):
             raise RequestError("audio", "the item has no {audio}: give the recording's path")
         request = TranscriptionRequest(item.get("hotwords"), item.get("seed"), item.get("max_new_tokens"),
-                                       bool(item.get("mean_latents", False)))
+                                       bool(item.get("mean_latents", False)), item.get("repetition_guard", True))
         result = transcribe(self.model, Path(item["audio"]), request)
         output = self.folder.output(item["id"])
         with atomic_file(output, "writing the transcript") as partial:
-            partial.write_text(render("json", result.segments, result.text, result.raw), encoding="utf-8")
+            partial.write_text(render("json", result.segments, result.text, result.raw, result.repetition.as_dict()),
+                               encoding="utf-8")
         return Row(item["id"], "ok", str(output), round(result.audio_seconds, 3), len(result.tokens),
                    round(time.perf_counter() - start, 3))
 

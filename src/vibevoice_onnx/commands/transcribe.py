@@ -34,7 +34,8 @@ def transcribe_files(args) -> int:
         target.mkdir(parents=True, exist_ok=True)
     elif target is not None:
         check_output_file(target)
-    request = TranscriptionRequest(args.hotwords, args.seed, args.max_new_tokens, args.mean_latents).check()
+    request = TranscriptionRequest(args.hotwords, args.seed, args.max_new_tokens, args.mean_latents,
+                                   args.repetition_guard).check()
     transcriber = Transcriber(Path(args.bundle), threads=args.threads, force=args.force)
     failures = 0
     for path in inputs:
@@ -56,7 +57,7 @@ def transcribe_files(args) -> int:
               f"audio, {result.timings['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
         if result.note:
             print(f"warning: {path.name}: {result.note}", file=sys.stderr)
-        text = render(form, result.segments, result.text, result.raw)
+        text = render(form, result.segments, result.text, result.raw, result.repetition.as_dict())
         if target is None:
             sys.stdout.write(text)
             continue
@@ -83,7 +84,7 @@ def stream_transcription(args) -> int:
     source = args.audio[0]
     live = StreamingTranscriber(Path(args.bundle), hotwords=args.hotwords, seed=args.seed, mean_latents=args.mean_latents,
                                 max_tokens_per_chunk=args.max_tokens_per_chunk or MAX_TOKENS_PER_CHUNK, threads=args.threads,
-                                force=args.force)
+                                force=args.force, repetition_guard=args.repetition_guard)
     rate = args.sample_rate or live.geometry.sample_rate
     print(f"{source}: {live.geometry.describe()}{'; paced at the speed of speech' if args.realtime else ''}",
           file=sys.stderr, flush=True)
@@ -103,3 +104,5 @@ def _print_chunk(chunk, form: str, latency: float) -> None:
         print(f"[{chunk.start:7.2f} - {chunk.end:7.2f}] {chunk.text.strip()}", flush=True)
     print(f"chunk {chunk.index}: text {latency:.2f} s after its audio ({chunk.seconds:.2f} s to decode, "
           f"{len(chunk.tokens)} tokens, {chunk.stop_reason})", file=sys.stderr, flush=True)
+    if chunk.repetition.detected:
+        print(f"warning: chunk {chunk.index}: {chunk.repetition.describe()}", file=sys.stderr, flush=True)

@@ -18,11 +18,12 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..transcription import SAMPLE_RATE, STOP_TOKENS, AsrPrompt
 from .common import LmStream
+from .repetition import Repetition, RepetitionGuard
 
 SINGLE_PASS_SAMPLES = 60 * SAMPLE_RATE  # upstream encodes up to 60 s in one pass, longer audio in segments
-# Prompt tokens per LM call of the prefill. onnxruntime's CPU attention holds a score buffer of [heads, new tokens,
-# cache] floats per call: an hour of audio is a 27,000-token prompt, whose one-call prefill would ask the 7B's 28
-# heads for ~80 GB; in calls of 512 it is under 1.6 GB, for the same work (each call attends to what came before).
+# Prompt tokens per LM call of the prefill: a call's activations grow with its tokens (tiny ASR bundle, a 32,000-token
+# prompt: +164 MB in one call, +13 MB in calls of 512, the same hidden state), and an hour of audio is a 27,000-token
+# prompt; each call attends to what came before, so the work is the same.
 PREFILL_CHUNK = 512
 
 
@@ -42,7 +43,8 @@ class TranscriptionResult:
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)  # top-2 logit margin of each greedy pick
     logits: list[np.ndarray] = field(default_factory=list)  # every step's logits, when kept (verify)
-    stop_reason: str = ""
+    stop_reason: str = ""  # "eos", "max_new_tokens" or "repetition" (the guard stopped a loop it could not leave)
+    repetition: Repetition = field(default_factory=Repetition)  # what the repetition guard found and did
 
 
 def stop_ids(tokenizer) -> set[int]:
@@ -81,17 +83,24 @@ def acoustic_sample(means: np.ndarray, std: float, rng: np.random.Generator | No
     return means + scale * rng.standard_normal(means.shape, dtype=np.float32)
 
 
-def greedy_pick(logits: np.ndarray, where: str) -> tuple[int, float]:
-    """The argmax token and its top-2 logit margin; logits holding NaN or infinity stop with a sentence."""
+def greedy_pick(logits: np.ndarray, where: str, banned: set[int] | None = None) -> tuple[int, float]:
+    """The argmax token and its top-2 logit margin, none of `banned` (the repetition guard's) picked; logits
+    holding NaN or infinity stop with a sentence."""
     if not np.all(np.isfinite(logits)):
         raise VibeVoiceError(f"{where}: the language model's logits hold NaN or infinity")
+    if banned:
+        logits = np.array(logits, copy=True)
+        logits[sorted(banned)] = -np.inf
     top2 = np.partition(logits, -2)[-2:]
     return int(np.argmax(logits)), float(top2[1] - top2[0])
 
 
 def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, stops: set[int],
-                      max_new_tokens: int, result: TranscriptionResult, keep_logits: bool = False) -> Iterator[int]:
-    """Yield each greedy token as it is picked (the stop token included), filling `result`."""
+                      max_new_tokens: int, result: TranscriptionResult, keep_logits: bool = False,
+                      guard: RepetitionGuard | None = None) -> Iterator[int]:
+    """Yield each greedy token as it is picked (the stop token included), filling `result`. With `guard`, a
+    repetition loop is cut back and decoding resumed (generation.repetition): the tokens after the cut,
+    already yielded, are taken out of `result` again."""
     if max_new_tokens < 1:
         raise VibeVoiceError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(audio) != len(prompt.audio_positions):
@@ -100,9 +109,13 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
     embeds[0, prompt.audio_positions] = audio
     stream = backend.lm_stream()
     hidden = prefill(stream, embeds)
-    for _ in range(max_new_tokens):
+    first = stream.position  # where the first generated token is fed
+    if guard is not None:
+        result.repetition = guard.report
+    while len(result.tokens) < max_new_tokens:
         logits = backend.logits(hidden)
-        token, margin = greedy_pick(logits, f"token {len(result.tokens)}")
+        index = len(result.tokens)
+        token, margin = greedy_pick(logits, f"token {index}", guard.banned(index) if guard else None)
         result.tokens.append(token)
         result.margins.append(margin)
         if keep_logits:
@@ -111,6 +124,14 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
         if token in stops:
             result.stop_reason = "eos"
             return
+        loop = guard.check(result.tokens) if guard else None
+        if loop is not None:
+            cut_back(result, loop.keep)
+            if guard.stopped:
+                result.stop_reason = "repetition"
+                return
+            hidden = resume(backend, stream, first, result.tokens)
+            continue
         hidden = stream.step(backend.embed([token]))[:, -1]
     result.stop_reason = "max_new_tokens"
 
@@ -120,6 +141,18 @@ def prefill(stream: LmStream, embeds: np.ndarray, chunk: int = PREFILL_CHUNK) ->
     for start in range(0, embeds.shape[1], chunk):
         hidden = stream.step(embeds[:, start:start + chunk])
     return hidden[:, -1]
+
+
+def cut_back(result, keep: int) -> None:
+    """`result` (a TranscriptionResult or a ChunkResult) with its first `keep` picks only."""
+    del result.tokens[keep:], result.margins[keep:], result.logits[keep:]
+
+
+def resume(backend: AsrBackend, stream: LmStream, first: int, tokens: list[int]) -> np.ndarray:
+    """The hidden state after `tokens` (the picks kept, at least one; the first fed at position `first`): the
+    cache rewound to before the last of them, which is fed again."""
+    stream.rewind(first + len(tokens) - 1)
+    return stream.step(backend.embed(tokens[-1:]))[:, -1]
 
 
 def forced_logits(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray, tokens: list[int]) -> np.ndarray:
@@ -142,10 +175,12 @@ def greedy_agreement(tokens: list[int], logits: np.ndarray) -> int:
 
 
 def run_transcription(backend: AsrBackend, prompt: AsrPrompt, samples: np.ndarray, stops: set[int],
-                      max_new_tokens: int, rng: np.random.Generator | None, keep_logits: bool = False) -> TranscriptionResult:
+                      max_new_tokens: int, rng: np.random.Generator | None, keep_logits: bool = False,
+                      repetition_guard: bool = False) -> TranscriptionResult:
     result = TranscriptionResult()
+    guard = RepetitionGuard() if repetition_guard else None
     for _ in transcribe_tokens(backend, prompt, audio_embeddings(backend, samples, rng), stops, max_new_tokens, result,
-                               keep_logits):
+                               keep_logits, guard):
         pass
     return result
 

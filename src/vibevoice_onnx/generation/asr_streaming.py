@@ -26,7 +26,8 @@ from ..errors import VibeVoiceError
 from ..options import check
 from ..text import special_ids
 from ..transcription import Segment
-from .asr import AsrBackend, acoustic_sample, greedy_pick
+from .asr import AsrBackend, acoustic_sample, cut_back, greedy_pick, resume
+from .repetition import Repetition, RepetitionGuard
 
 PROMPT = ("You are a helpful assistant that transcribes audio input into text output. Please transcribe the "
           "following audios streamingly with these keys: speaker, content\n")
@@ -75,16 +76,20 @@ class ChunkResult:
     speaker: int | None  # the speaker label in force at the chunk's end (carried from earlier chunks)
     tokens: list[int] = field(default_factory=list)  # greedy picks, the stop token included
     margins: list[float] = field(default_factory=list)  # top-2 logit margin of each pick
-    stop_reason: str = ""  # "chunk_end", "end_of_text" or "max_tokens"
+    stop_reason: str = ""  # "chunk_end", "end_of_text", "max_tokens" or "repetition" (the guard stopped a loop)
     logits: list[np.ndarray] = field(default_factory=list)  # each pick's logits, when kept (verify)
     seconds: float = 0.0  # wall time from the complete window to the chunk's text
     ready_at: float = 0.0  # time.monotonic() when the text was ready
+    repetition: Repetition = field(default_factory=Repetition)  # the repetition guard's loops in this chunk
 
     def message(self) -> dict:
         """The chunk as upstream's socket sends it ({"chunk", "text"}), with its span and speaker: the server's
-        messages and `transcribe --stream --format json`'s lines."""
-        return {"chunk": self.index, "text": self.text, "start": round(self.start, 4), "end": round(self.end, 4),
-                "speaker": self.speaker}
+        messages and `transcribe --stream --format json`'s lines; "repetition" too where the guard found a loop."""
+        message = {"chunk": self.index, "text": self.text, "start": round(self.start, 4), "end": round(self.end, 4),
+                   "speaker": self.speaker}
+        if self.repetition.detected:
+            message["repetition"] = self.repetition.as_dict()
+        return message
 
 
 def split_windows(samples: np.ndarray, geometry: StreamingGeometry) -> Iterator[np.ndarray]:
@@ -102,15 +107,17 @@ def pad_window(window: np.ndarray, geometry: StreamingGeometry) -> np.ndarray:
 
 
 class StreamingSession:
-    """One transcription session: `chunk(window)` for each window in order, each returning its ChunkResult."""
+    """One transcription session: `chunk(window)` for each window in order, each returning its ChunkResult.
+    `repetition_guard`: a loop in a chunk's tokens is cut back and decoding resumed (generation.repetition), each
+    chunk guarded on its own (a chunk's text follows new audio)."""
 
     def __init__(self, backend: AsrBackend, tokenizer, geometry: StreamingGeometry, hotwords: str | None = None,
                  rng: np.random.Generator | None = None, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
-                 max_positions: int | None = None, keep_logits: bool = False):
+                 max_positions: int | None = None, keep_logits: bool = False, repetition_guard: bool = False):
         check("max_tokens_per_chunk", max_tokens_per_chunk)
         self.backend, self.tokenizer, self.geometry = backend, tokenizer, geometry
         self.ids, self.rng, self.limit = StreamingTokens.of(tokenizer), rng, max_tokens_per_chunk
-        self.max_positions, self.keep_logits = max_positions, keep_logits
+        self.max_positions, self.keep_logits, self.repetition_guard = max_positions, keep_logits, repetition_guard
         self.stream = backend.lm_stream()
         self.stream.step(backend.embed(tokenizer.encode(prompt_text(hotwords), add_special_tokens=False).ids))
         self.chunks, self.speaker = 0, None
@@ -133,9 +140,13 @@ class StreamingSession:
         hidden = self.stream.step(np.concatenate([self.pending, window_embeds(backend, ids, features)], axis=1))[:, -1]
         seconds = self.geometry.chunk_samples / self.geometry.sample_rate
         result = ChunkResult(self.chunks, self.chunks * seconds, (self.chunks + 1) * seconds, "", None)
+        guard, first = RepetitionGuard() if self.repetition_guard else None, self.stream.position
+        if guard is not None:
+            result.repetition = guard.report
         while True:
             logits = backend.logits(hidden)
-            token, margin = greedy_pick(logits, f"chunk {self.chunks}")
+            index = len(result.tokens)
+            token, margin = greedy_pick(logits, f"chunk {self.chunks}", guard.banned(index) if guard else None)
             if self.keep_logits:
                 result.logits.append(np.asarray(logits, np.float32))
             result.tokens.append(token)
@@ -143,6 +154,14 @@ class StreamingSession:
             if token in (ids.chunk_end, ids.end_of_text):
                 result.stop_reason = "chunk_end" if token == ids.chunk_end else "end_of_text"
                 break
+            loop = guard.check(result.tokens) if guard else None
+            if loop is not None:
+                cut_back(result, loop.keep)
+                hidden = resume(backend, self.stream, first, result.tokens)  # the kept tokens, and only they, cached
+                if guard.stopped:
+                    result.stop_reason = "repetition"
+                    break
+                continue
             hidden = self.stream.step(backend.embed([token]))[:, -1]  # every text token enters the cache (12.7.5)
             if len(result.tokens) == self.limit:
                 result.stop_reason = "max_tokens"

@@ -57,11 +57,20 @@ class LmStream:
     """One language-model stream: its KV cache and its next position.
 
     `run(embeds, positions, cache) -> (hidden, cache)` evaluates the model; positions continue after the
-    cached prompt, consecutively (facts sheet 2.3 bookkeeping).
+    cached prompt, consecutively (facts sheet 2.3 bookkeeping). `truncate(cache, length) -> cache` keeps the
+    cache's first `length` positions (`rewind`: the ASR repetition guard's), where the backend can.
     """
 
-    def __init__(self, run: Callable, cache: Any, length: int):
-        self.run, self.cache, self.position = run, cache, length
+    def __init__(self, run: Callable, cache: Any, length: int, truncate: Callable | None = None):
+        self.run, self.cache, self.position, self.truncate = run, cache, length, truncate
+
+    def rewind(self, position: int) -> None:
+        """Take back every position from `position` on: the next step is fed there."""
+        if self.truncate is None:
+            raise VibeVoiceError("this language-model stream cannot take positions back")
+        if not 0 <= position <= self.position:
+            raise VibeVoiceError(f"cannot rewind a stream at position {self.position} to {position}")
+        self.cache, self.position = self.truncate(self.cache, position), position
 
     def step(self, embeds: np.ndarray) -> np.ndarray:
         count = embeds.shape[1]

@@ -61,7 +61,13 @@ class AsrReference:
                                             past_key_values=cache, use_cache=True)
             return out.last_hidden_state.numpy(), cache
 
-        return LmStream(run, DynamicCache(), 0)
+        def truncate(cache, length):
+            removed = cache.get_seq_length() - length
+            if removed:  # a negative count: the tokens to remove, in old and new transformers alike
+                cache.crop(-removed)
+            return cache
+
+        return LmStream(run, DynamicCache(), 0, truncate)
 
     @torch.no_grad()
     def logits(self, hidden):

@@ -15,6 +15,7 @@ from ..audio import SAMPLE_RATE, db_normalize, read_audio
 from ..errors import VibeVoiceError
 from ..families import family, kinds_that
 from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, transcribe_tokens
+from ..generation.repetition import Repetition, RepetitionGuard
 from ..generation.common import LmStream
 from ..transcription import Segment, build_asr_prompt, parse_transcript
 from .bundle import Bundle
@@ -70,7 +71,7 @@ class OnnxAsrBackend:
         return self.sessions["audio_connector"].run(None, {"acoustic_latents": acoustic, "semantic_latents": semantic})[0]
 
     def lm_stream(self) -> LmStream:
-        return LmStream(self.lm.unbatched, KvCache(self.lm), 0)
+        return LmStream(self.lm.unbatched, KvCache(self.lm), 0, lambda cache, length: cache.truncated(0, length))
 
     def logits(self, hidden):
         return self.head_logits(hidden)[0]
@@ -113,7 +114,7 @@ class AsrMember(MemberBackend):
                 return self._alone(lambda: self.batch.lm.run(embeds, cache, slice(row, row + 1))), cache
             return self._call("lm_step", ([row], embeds))[:, None], cache
 
-        return LmStream(run, cache, 0)
+        return LmStream(run, cache, 0, lambda cache, length: cache.truncated(row, length))
 
     def logits(self, hidden):
         return self._call("logits", np.ascontiguousarray(hidden, dtype=F32))[0]
@@ -132,6 +133,7 @@ class Transcript:
     audio_seconds: float
     timings: dict = field(default_factory=dict)
     readable: str | None = None  # the text to show where it is not the segments' (ASR-Streaming: the chunks' text)
+    repetition: Repetition = field(default_factory=Repetition)  # the repetition guard's loops (ASR-Streaming: all chunks')
 
 
 class Transcriber(FromPretrained):
@@ -174,11 +176,14 @@ class Transcriber(FromPretrained):
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, hotwords: str | None = None,
                    max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None, mean_latents: bool = False,
-                   progress=None, on_segment=None, on_token=None, batch: AsrBatch | None = None) -> Transcript:
+                   progress=None, on_segment=None, on_token=None, batch: AsrBatch | None = None,
+                   repetition_guard: bool = True) -> Transcript:
         """`progress(tokens, seconds)` is called after each token, `on_token(token_ids_so_far)` too (for text
-        streamed as it decodes), `on_segment(done, total)` after each 60 s segment of audio over 60 s.
+        streamed as it decodes; after a repetition loop is cut back, the list is shorter again),
+        `on_segment(done, total)` after each 60 s segment of audio over 60 s.
         Without `seed`, the acoustic noise is random. With `batch` (see `batch()`), the greedy steps run batched
-        with those of the batch's other transcriptions (call from several threads), to the same tokens."""
+        with those of the batch's other transcriptions (call from several threads), to the same tokens.
+        `repetition_guard`: a decoding loop is cut back and decoding resumed (generation.repetition)."""
         samples = self.load(audio, sample_rate)
         prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
         limit = max_new_tokens
@@ -186,11 +191,12 @@ class Transcriber(FromPretrained):
         started = time.perf_counter()
         rng = None if mean_latents else np.random.default_rng(seed)
         result, encoded = TranscriptionResult(), [started]
+        guard = RepetitionGuard() if repetition_guard else None
 
         def tokens(backend):
             embeddings = audio_embeddings(backend, samples, rng, on_segment)
             encoded[0] = time.perf_counter()
-            yield from transcribe_tokens(backend, prompt, embeddings, self.stops, max_new_tokens, result)
+            yield from transcribe_tokens(backend, prompt, embeddings, self.stops, max_new_tokens, result, guard=guard)
 
         for count, _ in enumerate(tokens(self.backend) if batch is None else batch.frames(tokens), 1):
             if progress is not None:
@@ -205,13 +211,20 @@ class Transcriber(FromPretrained):
         except VibeVoiceError as e:
             segments, note = [], str(e)
         if result.stop_reason == "max_new_tokens":
-            note = (note + "; " if note else "") + (
-                f"stopped at the {max_new_tokens}-token limit" if max_new_tokens == limit else
-                f"stopped at the end of the model's context ({self.bundle.dims.lm.max_positions} positions, of which "
-                f"the audio's prompt takes {len(prompt.ids)}): transcribe the recording in shorter parts for the rest")
-        return Transcript(segments, text, raw, result.tokens, note, len(samples) / SAMPLE_RATE,
+            note = joined(note, f"stopped at the {max_new_tokens}-token limit" if max_new_tokens == limit else
+                          f"stopped at the end of the model's context ({self.bundle.dims.lm.max_positions} positions, of "
+                          f"which the audio's prompt takes {len(prompt.ids)}): transcribe the recording in shorter parts "
+                          "for the rest")
+        return Transcript(segments, text, raw, result.tokens, joined(note, result.repetition.describe()),
+                          len(samples) / SAMPLE_RATE,
                           {"encode_seconds": encoded - started, "decode_seconds": done - encoded,
-                           "tokens_per_second": len(result.tokens) / max(done - encoded, 1e-9)})
+                           "tokens_per_second": len(result.tokens) / max(done - encoded, 1e-9)},
+                          repetition=result.repetition)
+
+
+def joined(note: str | None, more: str | None) -> str | None:
+    """Two notes in one ('; ' between), either of them None."""
+    return "; ".join(part for part in (note, more) if part) or None
 
 
 def context_room(prompt_tokens: int, audio_tokens: int, max_positions: int, seconds: float) -> int:

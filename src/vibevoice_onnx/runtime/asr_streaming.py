@@ -26,7 +26,8 @@ from ..errors import VibeVoiceError
 from ..options import check
 from ..generation.asr_streaming import (MAX_TOKENS_PER_CHUNK, ChunkResult, StreamingSession, WindowFeeder,
                                         chunk_segments)
-from .asr import OnnxAsrBackend, Transcript
+from ..generation.repetition import Repetition
+from .asr import OnnxAsrBackend, Transcript, joined
 from .bundle import Bundle
 from .pretrained import FromPretrained
 
@@ -85,17 +86,19 @@ class StreamingTranscriber(FromPretrained):
     by default (None) the window's chunk is encoded as soon as it is complete, while the lookahead arrives, and
     the lookahead's frames after it; 0: each window encoded once complete (generation.asr_streaming's
     ENCODE_AHEAD note has the measurements). `warm` (default): the first session of a Bundle object runs its
-    graphs once on silence before it takes audio (see warm_up)."""
+    graphs once on silence before it takes audio (see warm_up). `repetition_guard` (default): a decoding loop in a
+    chunk is cut back and decoding resumed (generation.repetition), reported in the chunk's `repetition`."""
 
     def __init__(self, bundle: Bundle | str | Path, hotwords: str | None = None, seed: int | None = None,
                  mean_latents: bool = False, max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
                  threads: int | None = None, force: bool = False, encode_ahead: int | None = None,
-                 warm: bool = True):
+                 warm: bool = True, repetition_guard: bool = True):
         self.bundle = open_streaming_bundle(bundle, threads, force)
         self.geometry = self.bundle.streaming_geometry
         rng = None if mean_latents else np.random.default_rng(seed)
         self.session = StreamingSession(OnnxAsrBackend(self.bundle), self.bundle.tokenizer, self.geometry, hotwords,
-                                        rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions)
+                                        rng, max_tokens_per_chunk, self.bundle.dims.lm.max_positions,
+                                        repetition_guard=repetition_guard)
         ahead = encode_path(self.geometry, encode_ahead)
         if warm:
             warm_up(self.bundle, ahead)
@@ -157,11 +160,13 @@ class StreamingTranscriber(FromPretrained):
             speaker = chunk.speaker
         cut = [str(c.index) for c in self.chunks if c.stop_reason == "max_tokens"]
         note = f"chunk(s) {', '.join(cut)} stopped at the {self.session.limit}-token limit" if cut else None
+        repetition = Repetition.of_chunks([c.repetition for c in self.chunks], self.session.repetition_guard)
         decode_seconds = sum(c.seconds for c in self.chunks)
         tokens = [t for c in self.chunks for t in c.tokens]
-        return Transcript(segments, self.text, self.text, tokens, note, self.seconds,
+        return Transcript(segments, self.text, self.text, tokens, joined(note, repetition.describe()), self.seconds,
                           {"decode_seconds": decode_seconds, "chunks": len(self.chunks),
-                           "tokens_per_second": len(tokens) / max(decode_seconds, 1e-9)}, readable=self.text)
+                           "tokens_per_second": len(tokens) / max(decode_seconds, 1e-9)}, readable=self.text,
+                          repetition=repetition)
 
     def _decode(self, windows: list[tuple[np.ndarray, tuple]]) -> list[ChunkResult]:
         fresh = []

@@ -96,6 +96,13 @@ class KvCache:
         """Take back the last `steps` positions of `row`: the next step overwrites them."""
         self.lengths[row] -= steps
 
+    def truncated(self, row: int, length: int) -> "KvCache":
+        """The cache with `row` holding its first `length` positions only (LmStream's `truncate`)."""
+        if not 0 <= length <= self.lengths[row]:
+            raise VibeVoiceError(f"row {row} holds {self.lengths[row]} positions, so it cannot keep {length}")
+        self.lengths[row] = length
+        return self
+
     def restart(self, row: int) -> None:
         """Forget everything `row` has seen: its next token sits at position 0 and attends to itself only."""
         self.lengths[row] = 0

@@ -113,12 +113,24 @@ def transcription(names: list[str]) -> dict:
         "language": {"type": "string"}, "temperature": {"type": "number", "minimum": 0, "maximum": 1},
         "stream": {"type": "boolean"}, "seed": _option("seed"), "mean_latents": {"type": "boolean"},
         "max_new_tokens": _option("max_new_tokens"),
+        "repetition_guard": {"type": "boolean", "default": True,
+                             "description": "cut a decoding loop back to its first occurrence and decode on"},
         "timestamp_granularities[]": {"type": "array", "items": {"enum": ["segment"]}},
     }
     text = {"schema": {"type": "string"}}
+    loop = {"type": "object", "required": ["at_token", "period", "repeats", "tokens_cut"],
+            "properties": {"chunk": {"type": "integer"}, "at_token": {"type": "integer"}, "period": {"type": "integer"},
+                           "repeats": {"type": "number"}, "tokens_cut": {"type": "integer"}}}
+    repetition = {"type": "object", "required": ["guard", "detected", "recovered", "loops"],
+                  "description": "what the repetition guard found: each loop cut (at_token: the tokens kept) and "
+                                 "whether decoding then ended on its own",
+                  "properties": {"guard": {"type": "boolean"}, "detected": {"type": "boolean"},
+                                 "recovered": {"type": "boolean"}, "loops": {"type": "array", "items": loop}}}
     return {"openapi_extra": _body("multipart/form-data", properties, ["file", "model"]),
             "responses": {200: {"description": "the transcript in the asked format, or SSE events",
-                                "content": {"application/json": {"schema": {"type": "object", "required": ["text"]}},
+                                "content": {"application/json": {"schema": {
+                                    "type": "object", "required": ["text"],
+                                    "properties": {"text": {"type": "string"}, "repetition": repetition}}},
                                             "text/plain": text, "text/vtt": text,
                                             "text/event-stream": _events("transcript.text.segment",
                                                                          "transcript.text.delta",

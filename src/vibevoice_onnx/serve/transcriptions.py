@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import VibeVoiceError
 from ..families import family
 from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK, chunk_segments
-from ..runtime.asr import MAX_NEW_TOKENS, Transcript
+from ..runtime.asr import MAX_NEW_TOKENS, Transcript, joined
 from ..transcription import Segment, parse_transcript, render
 from .codec import decode_upload
 from ..requests import RequestError, TranscriptionRequest
@@ -22,7 +22,7 @@ from .models import Models, ServedModel
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 # The form fields read here; others (OpenAI's `include[]`, `chunking_strategy`...) are ignored, as by OpenAI.
 TEXT_FIELDS = ("model", "response_format", "prompt", "language", "temperature", "stream", "seed", "mean_latents",
-               "max_new_tokens")
+               "max_new_tokens", "repetition_guard")
 NOT_A_TRANSCRIPT = "the model's output is not a JSON transcript"
 
 
@@ -35,7 +35,7 @@ class TranscriptionCall:
     prompt: str | None
     language: str | None
     stream: bool
-    options: dict  # seed, mean_latents, max_new_tokens
+    options: dict  # seed, mean_latents, max_new_tokens, repetition_guard
 
 
 def granularities(form) -> list[str]:
@@ -64,7 +64,8 @@ def parse_transcription(form, models: Models) -> TranscriptionCall:
                        "it is)", param="temperature", code="invalid_value")
     request = TranscriptionRequest(take(fields, "prompt", str), take(fields, "seed", float),
                                    take(fields, "max_new_tokens", float),
-                                   take(fields, "mean_latents", bool, default=False))
+                                   take(fields, "mean_latents", bool, default=False),
+                                   take(fields, "repetition_guard", bool, default=True))
     try:
         options = request.options()
     except RequestError as e:
@@ -131,12 +132,13 @@ def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None 
         return render(fmt, transcript.segments, transcript.text, transcript.raw)
     if fmt == "text":
         return text + "\n"
-    body = {"text": text, "usage": {"type": "duration", "seconds": math.ceil(transcript.audio_seconds)}}
+    body = {"text": text, "usage": {"type": "duration", "seconds": math.ceil(transcript.audio_seconds)},
+            "repetition": transcript.repetition.as_dict()}
     if fmt == "verbose_json":
         body = {"task": "transcribe", "language": request.language or "unknown",
                 "duration": round(transcript.audio_seconds, 3), "text": text,
                 "segments": [_segment(i, s) for i, s in enumerate(transcript.segments)], "raw_text": transcript.raw,
-                "usage": body["usage"]}
+                "usage": body["usage"], "repetition": body["repetition"]}
     if warning:
         body["warning"] = warning
     return body
@@ -144,7 +146,8 @@ def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None 
 
 def _warning(transcript: Transcript) -> str | None:
     if not transcript.segments and transcript.readable is None:
-        return f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no segments"
+        return joined(f"{NOT_A_TRANSCRIPT}: 'text' is the decoded text without special tokens, and there are no "
+                      "segments", transcript.repetition.describe())
     return transcript.note
 
 
@@ -205,7 +208,8 @@ def chunk_job(request: TranscriptionCall, samples: np.ndarray, rate: int, stream
     return job
 
 
-LIVE_FIELDS = ("model", "context_info", "prompt", "max_tokens", "seed", "mean_latents", "sample_rate", "format")
+LIVE_FIELDS = ("model", "context_info", "prompt", "max_tokens", "seed", "mean_latents", "sample_rate", "format",
+               "repetition_guard")
 PCM_FORMATS = {"f32le": "<f4", "s16le": "<i2"}  # upstream's socket takes float32; arecord's S16_LE too
 
 
@@ -213,7 +217,7 @@ PCM_FORMATS = {"f32le": "<f4", "s16le": "<i2"}  # upstream's socket takes float3
 class LiveRequest:
     model: ServedModel
     hotwords: str | None
-    options: dict  # for StreamingTranscriber: seed, mean_latents, max_tokens_per_chunk
+    options: dict  # for StreamingTranscriber: seed, mean_latents, max_tokens_per_chunk, repetition_guard
     sample_rate: int
     dtype: str
 
@@ -228,8 +232,8 @@ class LiveRequest:
 
 def parse_live(config, models: Models) -> LiveRequest:
     """The live socket's first message: upstream's /v1/stream keys (context_info, max_tokens) and ours (model,
-    prompt for the hotwords, seed, mean_latents, sample_rate, format). Without `model`, the first ASR-Streaming
-    model served."""
+    prompt for the hotwords, seed, mean_latents, sample_rate, format, repetition_guard). Without `model`, the first
+    ASR-Streaming model served."""
     if not isinstance(config, dict):
         raise ApiError(400, "the first message is a JSON object of settings ({} for the defaults)")
     unknown = sorted(set(config) - set(LIVE_FIELDS))
@@ -244,7 +248,8 @@ def parse_live(config, models: Models) -> LiveRequest:
     hotwords = take(config, "context_info", str) or take(config, "prompt", str)
     per_chunk = option({"max_tokens_per_chunk": config.get("max_tokens")}, "max_tokens_per_chunk", MAX_TOKENS_PER_CHUNK)
     options = {"seed": option(config, "seed"), "mean_latents": take(config, "mean_latents", bool, default=False),
-               "max_tokens_per_chunk": per_chunk}
+               "max_tokens_per_chunk": per_chunk,
+               "repetition_guard": take(config, "repetition_guard", bool, default=True)}
     rate = option(config, "sample_rate", model.bundle.streaming_geometry.sample_rate)
     pcm = take(config, "format", str, default="f32le", choices=tuple(PCM_FORMATS))
     return LiveRequest(model, hotwords, options, rate, PCM_FORMATS[pcm])
