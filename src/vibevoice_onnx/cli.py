@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--size", choices=["tiny", "full"], default="tiny")
     p.add_argument("--seed", type=cli_type("seed"), default=0)
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="the weights' dtype (default: the hub checkpoint's, bfloat16 for most kinds)")
     p.add_argument("--variant", choices=["1.5b", "7b"], help="asr-streaming: the released size to make (default 1.5b)")
     p.set_defaults(func=cmd_make_checkpoint)
 

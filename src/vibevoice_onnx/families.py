@@ -62,6 +62,7 @@ class Family:
     processor_class: str | None = None  # a TTS repository's preprocessor_config.json names it
     preprocessor: str | None = None  # the preprocessor_config.json the repository ships, where fixed
     added_tokens: str | None = None  # its tokenizer's added tokens, where they are not Qwen2.5's
+    dtype: str = "bfloat16"  # the hub checkpoint's weights (make-checkpoint's default --dtype)
     # Stages, by name (imported when used)
     reference: str = "reference.asr:load_asr"  # (checkpoint) -> the PyTorch reference the gates compare against
     to_transformers: str | None = None  # hub name -> the transformers model's name (None: the same)
@@ -71,6 +72,8 @@ class Family:
     gates: str | None = None  # the module holding its parity gates (verify)
     runtime: str | None = None  # the torch-free API class that opens its bundles (vibevoice_onnx.open returns it)
     # Running it
+    prompt: str = "transcription:build_asr_prompt"  # (tokenizer, samples, hotwords) -> AsrPrompt (transcribing kinds)
+    transcript: str = "transcription:parse_transcript"  # (generated text) -> (segments, note)
     voices: str | None = None  # its voices: "preset" (upstream's KV-cache presets) or "audio" (samples)
     defaults: Defaults = field(default_factory=Defaults)
     capabilities: Capabilities = field(default_factory=Capabilities)
@@ -125,6 +128,13 @@ FAMILIES = (
         ASR, name="asr-hf", title="VibeVoice-ASR (transformers' layout)", model_type="vibevoice_asr",
         hub_config="checkpoints.configs:asr_hf_config", layout="checkpoints.layouts:asr_hf_layout",
         transformers_names=True, to_transformers=None,
+    ),
+    replace(
+        # The 1.5B ASR with ternary LM projections: config.json says what the 7B's says (model_type, architecture);
+        # the tied head tells it (recognise). F32 latent weights, ternarized at load (docs/bitnet.md).
+        ASR, name="asr-bitnet", title="VibeVoice-ASR-BitNet (1.5B, ternary LM projections)",
+        hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
+        shards=3, dtype="float32", exporter=None, policy=None, gates=None,
     ),
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",
@@ -181,7 +191,7 @@ def recognise(config: dict, source: str = "config.json") -> Family:
 
 
 def _recognise_vibevoice(config: dict, source: str) -> Family:
-    """The four kinds of model_type 'vibevoice', told apart in this order."""
+    """The five kinds of model_type 'vibevoice', told apart in this order."""
     architectures = " ".join(config.get("architectures") or [])
     if "ASRStreaming" in architectures:  # before the diffusion head test: its config keeps a vestigial one (12.2)
         return BY_NAME["asr-streaming"]
@@ -194,5 +204,8 @@ def _recognise_vibevoice(config: dict, source: str) -> Family:
         # Large says so at the top level (facts sheet 11.2: its decoder section has no tie key at all)
         return BY_NAME["large" if config.get("tie_word_embeddings") is False else "1.5b"]
     if "ASR" in architectures or "semantic_tokenizer_config" in config:
-        return BY_NAME["asr"]
+        # ASR-BitNet's config is the 7B ASR's with a 1.5B decoder whose head is tied (the 7B's is not); no other
+        # marker is known (docs/bitnet.md)
+        decoder = config["decoder_config"] if isinstance(config["decoder_config"], dict) else {}
+        return BY_NAME["asr-bitnet" if decoder.get("tie_word_embeddings") is True else "asr"]
     raise CheckpointError(f"{source}: model_type 'vibevoice' with neither a diffusion head nor an ASR architecture")

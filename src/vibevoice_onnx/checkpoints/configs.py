@@ -544,6 +544,13 @@ def asr_config() -> dict:
                          decoder_config=_qwen_section(3584, 28, 28, 4, 18944, 152064, 32768, False))
 
 
+def asr_bitnet_config() -> dict:
+    """VibeVoice-ASR-BitNet (docs/bitnet.md): the ASR config with the 1.5B Qwen2 decoder, its head tied, F32
+    weights. Not established, and so our choice: max_position_embeddings (the GGUF's context, 65536)."""
+    decoder = {**_qwen_section(1536, 28, 12, 2, 8960, 151936, 65536, True), "torch_dtype": "float32"}
+    return {**_codes_config("VibeVoiceForASRTraining", decoder_config=decoder), "torch_dtype": "float32"}
+
+
 def large_config() -> dict:
     """Facts sheet 11.2, the hub file as ComfyUI copies it."""
     config = tts_1p5b_config()

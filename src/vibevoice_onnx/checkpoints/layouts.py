@@ -19,6 +19,8 @@ from .configs import ConvStackDims, HeadDims, ModelDims, QwenDims
 LINEAR, CONV, EMBEDDING, NORM, BIAS, LAYER_SCALE, SCALING, SHIFT, EOS_BIAS, WAVEFORM = (
     "linear", "conv", "embedding", "norm", "bias", "layer_scale", "scaling", "shift", "eos_bias", "waveform",
 )
+TIED = "tied"  # a copy of the LM's token embedding (a hub file that stores its tied head byte for byte)
+EMBED_TOKENS = "model.language_model.embed_tokens.weight"
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,17 @@ def asr_streaming_layout(d: ModelDims, stored: set[str] | None = None) -> Layout
              "lm_head.weight is present but unused: the config ties the head to the token embedding, as upstream "
              "computes the logits" if tied else "lm_head is untied: its own tensor gives the logits")
     return Layout(d, tuple(tensors), notes)
+
+
+def asr_bitnet_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:
+    """VibeVoice-ASR-BitNet (docs/bitnet.md): the codes-layout ASR tensors, all F32; its lm_head is the embedding
+    byte for byte and its config ties the head, so the tensor is present and never read."""
+    lm = _qwen_layers("model.language_model.", d.lm, "language_model")
+    head = TensorSpec("lm_head.weight", (d.lm.vocab, d.lm.hidden), "lm_head", TIED, used=False)
+    notes = ("model.acoustic_tokenizer.decoder.* is present but unused by ASR",
+             "lm_head.weight is present but unused: a copy of the token embedding, to which the config ties the head",
+             "the q/k/v/o/gate/up/down projections hold latent weights, ternarized at load (one scale per tensor)")
+    return Layout(d, (*lm, head, *_upstream_audio_parts(d, decoder_used=False)), notes)
 
 
 def asr_hf_layout(d: ModelDims, stored: set[str] | None = None) -> Layout:

@@ -27,8 +27,8 @@ from .configs import (
 )
 from .files import INDEX_FILE, SINGLE_FILE
 from .layouts import (
-    BIAS, CONV, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, WAVEFORM, Layout, TensorSpec,
-    layout_for,
+    BIAS, CONV, EMBED_TOKENS, EMBEDDING, EOS_BIAS, LAYER_SCALE, LINEAR, NORM, SCALING, SHIFT, TIED, WAVEFORM, Layout,
+    TensorSpec, layout_for,
 )
 from .tokenizer import build_tokenizer
 
@@ -125,6 +125,7 @@ def speaking_lm(special_ids: dict[str, int]) -> Adjust:
 def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adjust | None = None) -> list[str]:
     np_dtype = DTYPES[dtype]
     index = {spec.name: i for i, spec in enumerate(layout.tensors)}
+    by_name = layout.by_name()
     shards = plan_shards(layout, np.dtype(np_dtype).itemsize, shard_count(layout))
     names = [SINGLE_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
@@ -133,8 +134,8 @@ def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adju
     for shard_name, specs in zip(names, shards):
         tensors = {}
         for spec in specs:
-            rng = np.random.default_rng([seed, index[spec.name]])
-            value = init_tensor(spec, rng)
+            drawn = by_name[EMBED_TOKENS] if spec.init == TIED else spec  # a tied copy: the embedding's own draw
+            value = init_tensor(drawn, np.random.default_rng([seed, index[drawn.name]]))
             tensors[spec.name] = (adjust(spec, value) if adjust else value).astype(np_dtype)
             weight_map[spec.name] = shard_name
             total += tensors[spec.name].nbytes
@@ -148,11 +149,12 @@ def write_weights(layout: Layout, out: Path, seed: int, dtype: str, adjust: Adju
     return names
 
 
-def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dtype: str = "bfloat16",
+def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dtype: str | None = None,
                     extras: Callable[[Path], None] | None = None, variant: str | None = None) -> Layout:
     """Write the checkpoint into `out` atomically; `extras(directory)` may add files before it lands.
-    `variant`: ASR-Streaming's size, 1.5b (default) or 7b."""
+    `variant`: ASR-Streaming's size, 1.5b (default) or 7b. `dtype`: the weights' (default: the hub checkpoint's)."""
     facts = family(kind)
+    dtype = dtype or facts.dtype
     if size not in ("tiny", "full"):
         raise VibeVoiceError(f"unknown size '{size}' (expected tiny or full)")
     if dtype not in DTYPES:
@@ -168,7 +170,7 @@ def make_checkpoint(kind: str, out: Path, size: str = "tiny", seed: int = 0, dty
     variant = variant or (sizes[0] if sizes else None)
     tokenizer, special_ids = build_tokenizer(size, load(facts.added_tokens) if facts.added_tokens else None)
     config = full_config(kind, variant) if size == "full" else tiny_config(kind, 512, special_ids, variant)
-    if dtype != "bfloat16":
+    if dtype != "bfloat16":  # the configs say bfloat16, as most hub checkpoints are
         for section in [config, *(v for v in config.values() if isinstance(v, dict))]:
             for key in ("torch_dtype", "dtype"):
                 if key in section:

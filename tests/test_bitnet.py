@@ -1,0 +1,62 @@
+"""VibeVoice-ASR-BitNet (kind asr-bitnet, docs/bitnet.md): recognised apart from the 7B ASR whose config it shares,
+synthetic checkpoints in its released layout loaded strictly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vibevoice_onnx.checkpoints.configs import detect_kind, full_config, model_dims
+from vibevoice_onnx.checkpoints.inspect import inspect_checkpoint
+from vibevoice_onnx.checkpoints.layouts import layout_for
+from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_bitnet(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bitnet") / "tiny"
+    make_checkpoint("asr-bitnet", out)
+    return out
+
+
+def test_recognised_apart_from_the_7b_asr_and_asr_hf():
+    bitnet, asr = full_config("asr-bitnet"), full_config("asr")
+    assert (bitnet["model_type"], bitnet["architectures"]) == (asr["model_type"], asr["architectures"])
+    assert detect_kind(bitnet) == "asr-bitnet"
+    assert detect_kind(asr) == "asr"
+    assert detect_kind(full_config("asr-hf")) == "asr-hf"
+    assert detect_kind(full_config("asr-streaming", "1.5b")) == "asr-streaming"  # the other tied 1.5B ASR
+    untied = json.loads(json.dumps(bitnet))
+    untied["decoder_config"]["tie_word_embeddings"] = False
+    assert detect_kind(untied) == "asr"
+
+
+def test_full_layout_is_the_released_one():
+    layout = layout_for(model_dims(full_config("asr-bitnet")))
+    assert (len(layout.tensors), layout.parameters) == (1177, 2_814_116_321)  # MOB: 1,177 F32 tensors
+    lm = model_dims(full_config("asr-bitnet")).lm
+    assert (lm.hidden, lm.layers, lm.heads, lm.kv_heads, lm.intermediate, lm.vocab, lm.tied_embeddings) == (
+        1536, 28, 12, 2, 8960, 151936, True)
+
+
+def test_tiny_checkpoint_is_f32_sharded_and_loads_strictly(tiny_bitnet):
+    from safetensors import safe_open
+
+    report = inspect_checkpoint(tiny_bitnet)
+    assert report["kind"] == "asr-bitnet"
+    assert (report["missing"], report["unexpected"], report["dtypes"]) == ([], [], {"F32": len(report_names(tiny_bitnet))})
+    index = json.loads((tiny_bitnet / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 3
+    tensors = {}
+    for shard in set(index["weight_map"].values()):
+        with safe_open(str(tiny_bitnet / shard), "np") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys() if k in ("lm_head.weight", EMBED)})
+    assert (tensors["lm_head.weight"] == tensors[EMBED]).all()  # byte-identical, as released
+
+
+EMBED = "model.language_model.embed_tokens.weight"
+
+
+def report_names(root) -> list[str]:
+    return list(json.loads((root / "model.safetensors.index.json").read_text())["weight_map"])
