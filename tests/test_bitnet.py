@@ -60,3 +60,55 @@ EMBED = "model.language_model.embed_tokens.weight"
 
 def report_names(root) -> list[str]:
     return list(json.loads((root / "model.safetensors.index.json").read_text())["weight_map"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference: BitLinear is the published formula
+
+
+def test_bitlinear_is_the_formula_on_random_tensors():
+    import numpy as np
+    import torch
+
+    from vibevoice_onnx.reference.asr_bitnet import BitLinear
+
+    g = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(48, 20)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(20, 48, generator=g) * 0.3)
+    x = torch.randn(2, 5, 48, generator=g) * 2
+    x[0, 0] = 0  # an all-zero token: the 1e-5 floor
+    ours = BitLinear(linear)(x).detach().numpy().astype(np.float64)
+
+    w, b, xs = (t.detach().numpy().astype(np.float64) for t in (linear.weight, linear.bias, x))
+    s = 1 / max(np.abs(w.astype(np.float32)).mean(dtype=np.float32), 1e-5)
+    wt = np.clip(np.round(w * s), -1, 1)  # numpy rounds half to even, as torch
+    a = 127 / np.maximum(np.abs(xs).max(-1, keepdims=True), 1e-5)
+    xq = np.clip(np.round(xs * a), -128, 127)
+    expected = xq @ wt.T / (a * s) + b
+    assert set(np.unique(BitLinear(linear).weight.numpy())) <= {-1.0, 0.0, 1.0}
+    assert np.abs(ours - expected).max() < 1e-5
+    assert np.allclose(ours[0, 0], b)  # a zero token gives the bias
+
+
+def test_ternarize_rounds_half_to_even():
+    import torch
+
+    from vibevoice_onnx.reference.asr_bitnet import ternarize
+
+    codes, scale = ternarize(torch.tensor([[0.5, -0.5, 1.5, -2.5, 0.0]]))  # mean|W| = 1: s = 1
+    assert float(scale) == 1.0 and codes.tolist() == [[0.0, 0.0, 1.0, -1.0, 0.0]]
+
+
+def test_the_reference_ternarizes_every_projection(tiny_bitnet):
+    import torch
+
+    from vibevoice_onnx.reference.asr_bitnet import PROJECTIONS, BitLinear, load_asr_bitnet
+
+    reference = load_asr_bitnet(tiny_bitnet)
+    layers = reference.parts.language_model.layers
+    projections = [layer.get_submodule(p) for layer in layers for p in PROJECTIONS]
+    assert len(projections) == 7 * len(layers) and all(isinstance(m, BitLinear) for m in projections)
+    assert all(set(torch.unique(m.weight).tolist()) == {-1.0, 0.0, 1.0} for m in projections)
+    # the head stays the embedding, float
+    assert reference.model.lm_head.weight.data_ptr() == reference.parts.language_model.embed_tokens.weight.data_ptr()

@@ -134,7 +134,8 @@ FAMILIES = (
         # the tied head tells it (recognise). F32 latent weights, ternarized at load (docs/bitnet.md).
         ASR, name="asr-bitnet", title="VibeVoice-ASR-BitNet (1.5B, ternary LM projections)",
         hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
-        shards=3, dtype="float32", exporter=None, policy=None, gates=None,
+        shards=3, dtype="float32", reference="reference.asr_bitnet:load_asr_bitnet",
+        exporter=None, policy=None, gates=None,
     ),
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",
