@@ -20,6 +20,13 @@ def tiny_bitnet(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def bitnet_bundle(tiny_bitnet, tmp_path_factory):
+    from vibevoice_onnx.export.build import build_bundle
+
+    return build_bundle(tiny_bitnet, tmp_path_factory.mktemp("bitnet-onnx"))
+
+
 def test_recognised_apart_from_the_7b_asr_and_asr_hf():
     bitnet, asr = full_config("asr-bitnet"), full_config("asr")
     assert (bitnet["model_type"], bitnet["architectures"]) == (asr["model_type"], asr["architectures"])
@@ -112,3 +119,57 @@ def test_the_reference_ternarizes_every_projection(tiny_bitnet):
     assert all(set(torch.unique(m.weight).tolist()) == {-1.0, 0.0, 1.0} for m in projections)
     # the head stays the embedding, float
     assert reference.model.lm_head.weight.data_ptr() == reference.parts.language_model.embed_tokens.weight.data_ptr()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The export: ternary weights represented exactly, the integer arithmetic reproduced bit for bit
+
+
+def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
+    """down_proj's full-size shape (8960 inputs: the longest sums, 127 · 8960 < 2**24), latent weights as
+    released (range ±2.7 around mean|W| 0.034), tokens of other scales; the graph's output equals torch's."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from vibevoice_onnx.export.graphs import BATCH, FRAMES, GraphSpec, export_graph
+    from vibevoice_onnx.reference.asr_bitnet import BitLinear
+
+    g = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(8960, 1536, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(1536, 8960, generator=g) * 0.043)
+    layer = BitLinear(linear)
+    x = torch.randn(2, 7, 8960, generator=g) * torch.logspace(-3, 2, 7)[None, :, None]
+    x[0, 0, :8960] = torch.where(torch.rand(8960, generator=g) < 0.5, 1.0, -1.0) * 3  # every product at ±127
+    spec = GraphSpec("bitlinear", layer, (x[:, :2],), ["x"], ["y"], ({0: BATCH, 1: FRAMES},))
+    path = export_graph(spec, tmp_path, lambda _: None, fuse=False)
+    graph = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        expected = layer(x).numpy()
+    assert np.array_equal(graph, expected)  # bit for bit
+    codes = layer.weight.numpy()
+    assert set(np.unique(codes)) == {-1.0, 0.0, 1.0}
+    # the integer part alone, in int64, is what the fp32 MatMul computed
+    a = 127 / np.maximum(np.abs(x.numpy()).max(-1, keepdims=True), np.float32(1e-5))
+    x_q = np.clip(np.round(x.numpy() * a), -128, 127).astype(np.int64)
+    exact = (x_q @ codes.astype(np.int64).T).astype(np.float64)
+    assert np.abs(exact).max() < 2**24
+    assert np.abs(expected * (a * float(layer.weight_scale)) - exact).max() / np.abs(exact).max() < 1e-6
+
+
+def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bitnet_bundle):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from vibevoice_onnx.reference.asr_bitnet import PROJECTIONS, load_asr_bitnet
+
+    model = onnx.load(str(bitnet_bundle / "lm.onnx"))
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    ternary = [weights[n.input[1]] for n in model.graph.node
+               if n.op_type == "MatMul" and n.input[1] in weights and set(np.unique(weights[n.input[1]])) <= {-1, 0, 1}]
+    layers = load_asr_bitnet(tiny_bitnet).parts.language_model.layers
+    codes = [layer.get_submodule(p).weight.detach().numpy().T for layer in layers for p in PROJECTIONS]
+    assert len(ternary) == len(codes) == 7 * len(layers)
+    assert sorted(c.tobytes() for c in ternary) == sorted(c.tobytes() for c in codes)

@@ -1,0 +1,25 @@
+"""What a VibeVoice-ASR-BitNet bundle holds: the ASR graphs (export/asr.py), its LM's seven projections per layer
+as the reference's BitLinear traced with standard ops:
+
+    a = 127 / Max(ReduceMax(Abs(x)), 1e-5)          per token
+    x_q = Clip(Round(x · a), -128, 127)              integer values in fp32
+    y = MatMul(x_q, Wtᵀ) / (a · s) + bias            Wt: an fp32 initializer holding only -1, 0, 1
+
+Every product and partial sum of the MatMul is an integer below 2**24 (127 · 8960 at full size), so fp32
+accumulation is exact in any order and the graph reproduces the integer arithmetic bit for bit. The model is
+1.5B parameters (11 GB in fp32): loaded whole, no weights streamed from the shards.
+"""
+
+from __future__ import annotations
+
+from .asr import graph_specs, host_tensors  # noqa: F401 (the ASR graphs, from the BitLinear reference)
+
+# Seconds and peak GB per billion parameters of a first build + verify on 2 cores: not measured at full size;
+# the whole fp32 model is held (4 GB per billion) with the traced LM beside it.
+BUILD_COST = {"fp32": (85.0, 9.0)}
+
+
+def load_model(checkpoint):
+    from ..reference.asr_bitnet import load_asr_bitnet
+
+    return load_asr_bitnet(checkpoint)
