@@ -173,3 +173,70 @@ def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bit
     codes = [layer.get_submodule(p).weight.detach().numpy().T for layer in layers for p in PROJECTIONS]
     assert len(ternary) == len(codes) == 7 * len(layers)
     assert sorted(c.tobytes() for c in ternary) == sorted(c.tobytes() for c in codes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompt, transcript, and the whole path: build, verify, transcribe
+
+
+def test_the_prompt_asks_for_plain_text_in_the_json_system_frame(tiny_bitnet):
+    from tokenizers import Tokenizer
+
+    from vibevoice_onnx.transcription import SYSTEM_PROMPT, build_text_prompt, prompt_builder
+
+    tokenizer = Tokenizer.from_file(str(tiny_bitnet / "tokenizer.json"))
+    assert prompt_builder("asr-bitnet")[0] is build_text_prompt
+    prompt = build_text_prompt(tokenizer, 24000 * 2 + 5)  # 2.0002 s: 16 audio tokens (rounded up)
+    text = tokenizer.decode(prompt.ids, skip_special_tokens=False)
+    assert text == (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n<|object_ref_start|>"
+                    + "<|box_start|>" * 16 + "<|object_ref_end|>\nThis is a 2.00 seconds audio, please transcribe it."
+                    "<|im_end|>\n")
+    assert "JSON" in SYSTEM_PROMPT and len(prompt.audio_positions) == 16
+    hot = tokenizer.decode(build_text_prompt(tokenizer, 24000, "Zorblax").ids, skip_special_tokens=False)
+    assert hot.endswith("This is a 1.00 seconds audio, with extra info: Zorblax\n\nPlease transcribe it.<|im_end|>\n")
+
+
+def test_the_released_tokenizer_lacks_the_audio_tokens_so_their_ids_are_inserted(tiny_bitnet):
+    import json as _json
+
+    from tokenizers import Tokenizer
+
+    from vibevoice_onnx.transcription import build_text_prompt
+
+    data = _json.loads((tiny_bitnet / "tokenizer.json").read_text())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
+    plain = Tokenizer.from_str(_json.dumps(data))  # as released: plain Qwen2, three added tokens
+    assert plain.token_to_id("<|box_start|>") is None
+    prompt = build_text_prompt(plain, 3200 * 3)
+    start = prompt.audio_positions[0] - 1
+    assert prompt.ids[start:start + 5] == [151646, 151648, 151648, 151648, 151647]
+
+
+def test_prose_is_a_transcript():
+    from vibevoice_onnx.transcription import Segment, parse_prose, render
+
+    segments, note = parse_prose("assistant\nHello there, this is plain text.\n")
+    assert (segments, note) == ([Segment(None, None, None, "Hello there, this is plain text.")], None)
+    assert render("txt", segments, "", "") == "Hello there, this is plain text.\n"
+    assert parse_prose("  \n ") == ([], "the model's output is empty")
+
+
+def test_build_verify_and_transcribe_end_to_end(bitnet_bundle, tiny_bitnet):
+    import numpy as np
+
+    from vibevoice_onnx.runtime.asr import Transcriber
+    from vibevoice_onnx.runtime.manifest import Manifest
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    record = verify_bundle(bitnet_bundle, tiny_bitnet, log=lambda _: None)
+    assert record["passed"], [g for g in record["gates"] if not g["passed"]]
+    gates = {g["name"]: g for g in record["gates"]}
+    assert gates["lm (past 11, new 5)"]["cosine"] > 0.99999
+    assert gates["closed loop, teacher-forced: greedy picks agree"]["passed"]
+    assert Manifest.read(bitnet_bundle).parity["passed"]  # recorded in the bundle
+
+    t = np.arange(24000 * 2) / 24000
+    audio = (0.2 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 2 * t))).astype(np.float32)
+    result = Transcriber(bitnet_bundle).transcribe(audio, sample_rate=24000, max_new_tokens=6)
+    assert len(result.tokens) == 6 and "stopped at the 6-token limit" in result.note
+    assert result.segments == ([] if not result.text.strip() else [result.segments[0]])  # prose: one segment or none

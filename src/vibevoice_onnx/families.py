@@ -135,7 +135,8 @@ FAMILIES = (
         ASR, name="asr-bitnet", title="VibeVoice-ASR-BitNet (1.5B, ternary LM projections)",
         hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
         shards=3, dtype="float32", reference="reference.asr_bitnet:load_asr_bitnet",
-        exporter="export.asr_bitnet", policy=None, gates=None,
+        exporter="export.asr_bitnet", policy=None, gates="verify.asr",
+        prompt="transcription:build_text_prompt", transcript="transcription:parse_prose",
     ),
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",

@@ -1,5 +1,6 @@
 """VibeVoice-ASR's prompt (facts 5.3) and what its generated text becomes (5.5): segments, and the formats
-`transcribe` writes. Torch-free.
+`transcribe` writes. Torch-free. ASR-BitNet (docs/bitnet.md) has the same prompt with a plain-text request and
+answers in prose: `build_text_prompt`, `parse_prose`; a kind's record names its pair (`prompt_builder`).
 
 The prompt is upstream's processor's: its own chat template (no default system turn, no assistant prefix:
 the model writes `<|im_start|>assistant\\n` itself), the system turn and the user turn encoded separately and
@@ -18,6 +19,7 @@ from .errors import VibeVoiceError
 
 SYSTEM_PROMPT = "You are a helpful assistant that transcribes audio input into text output in JSON format."
 AUDIO_START, AUDIO_END, AUDIO_PAD = "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>"
+AUDIO_TOKEN_IDS = {AUDIO_START: 151646, AUDIO_END: 151647, AUDIO_PAD: 151648}  # Qwen2.5's ids (facts 5.3)
 STOP_TOKENS = ("<|endoftext|>", "<|im_end|>")
 KEYS = "Start time, End time, Speaker ID, Content"
 SAMPLE_RATE, SAMPLES_PER_TOKEN = 24000, 3200
@@ -44,15 +46,45 @@ def audio_tokens(samples: int) -> int:
 
 def build_asr_prompt(tokenizer, samples: int, hotwords: str | None = None) -> AsrPrompt:
     """The prompt for `samples` normalised 24 kHz samples; `tokenizer` is a `tokenizers.Tokenizer`."""
+    return _prompt(tokenizer, samples, request_text, hotwords)
+
+
+def text_request(seconds: float, hotwords: str | None) -> str:
+    """ASR-BitNet's plain-text request (VibeASR.cpp's prompt_builder.h, format "text")."""
+    if hotwords and hotwords.strip():
+        return f"This is a {seconds:.2f} seconds audio, with extra info: {hotwords.strip()}\n\nPlease transcribe it."
+    return f"This is a {seconds:.2f} seconds audio, please transcribe it."
+
+
+def build_text_prompt(tokenizer, samples: int, hotwords: str | None = None) -> AsrPrompt:
+    """ASR-BitNet's prompt: the chat frame and system prompt of build_asr_prompt (JSON named there too), the
+    request for plain text. Its released tokenizer lacks the three audio tokens: their ids are inserted as such."""
+    return _prompt(tokenizer, samples, text_request, hotwords)
+
+
+def _prompt(tokenizer, samples: int, request, hotwords: str | None) -> AsrPrompt:
     if samples <= 0:
         raise VibeVoiceError("the audio holds no samples")
     seconds = samples / SAMPLE_RATE
-    system = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"
-    user = (f"<|im_start|>user\n{AUDIO_START}{AUDIO_PAD * audio_tokens(samples)}{AUDIO_END}\n"
-            f"{request_text(seconds, hotwords)}<|im_end|>\n")
-    ids = [*_encode(tokenizer, system), *_encode(tokenizer, user)]
-    pad = tokenizer.token_to_id(AUDIO_PAD)
+    start, pad, end = (_token_id(tokenizer, name) for name in (AUDIO_START, AUDIO_PAD, AUDIO_END))
+    ids = [*_encode(tokenizer, f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"),
+           *_encode(tokenizer, "<|im_start|>user\n"), start, *[pad] * audio_tokens(samples), end,
+           *_encode(tokenizer, f"\n{request(seconds, hotwords)}<|im_end|>\n")]
     return AsrPrompt(ids, [i for i, token in enumerate(ids) if token == pad], seconds)
+
+
+def _token_id(tokenizer, name: str) -> int:
+    """The audio token's id in the tokenizer, or its Qwen2.5 id where the tokenizer does not know it."""
+    found = tokenizer.token_to_id(name)
+    return AUDIO_TOKEN_IDS[name] if found is None else found
+
+
+def prompt_builder(kind: str):
+    """(the kind's prompt builder, its transcript parser), as its record names them."""
+    from .families import family, load
+
+    facts = family(kind)
+    return load(facts.prompt), load(facts.transcript)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -100,6 +132,14 @@ def parse_transcript(text: str) -> tuple[list[Segment], str | None]:
     if len(segments) < len(items):
         note = (note + "; " if note else "") + f"skipped {len(items) - len(segments)} item(s) that are not segments"
     return segments, note
+
+
+def parse_prose(text: str) -> tuple[list[Segment], str | None]:
+    """A plain-text transcript (ASR-BitNet): one segment of the whole text, without times or speaker."""
+    body = text.strip()
+    if body.startswith("assistant\n"):
+        body = body[len("assistant\n"):].strip()
+    return ([Segment(None, None, None, body)], None) if body else ([], "the model's output is empty")
 
 
 def _complete_elements(body: str) -> list:

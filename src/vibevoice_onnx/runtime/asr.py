@@ -17,7 +17,7 @@ from ..families import family, kinds_that
 from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, transcribe_tokens
 from ..generation.repetition import Repetition, RepetitionGuard
 from ..generation.common import LmStream
-from ..transcription import Segment, build_asr_prompt, parse_transcript
+from ..transcription import Segment, prompt_builder
 from .bundle import Bundle
 from .pretrained import FromPretrained
 from .batch import BATCH_CAPACITY, MemberBackend, StreamBatch, row_executor
@@ -149,6 +149,7 @@ class Transcriber(FromPretrained):
             self.bundle.require_usable()
         self.backend = OnnxAsrBackend(self.bundle)
         self.tokenizer = self.bundle.tokenizer
+        self.build_prompt, self.parse = prompt_builder(self.bundle.kind)  # JSON segments, or prose (ASR-BitNet)
         self.stops = stop_ids(self.tokenizer)
 
     def within_context(self, prompt, max_new_tokens: int) -> int:
@@ -185,7 +186,7 @@ class Transcriber(FromPretrained):
         with those of the batch's other transcriptions (call from several threads), to the same tokens.
         `repetition_guard`: a decoding loop is cut back and decoding resumed (generation.repetition)."""
         samples = self.load(audio, sample_rate)
-        prompt = build_asr_prompt(self.tokenizer, len(samples), hotwords)
+        prompt = self.build_prompt(self.tokenizer, len(samples), hotwords)
         limit = max_new_tokens
         max_new_tokens = self.within_context(prompt, max_new_tokens)  # before any encoding
         started = time.perf_counter()
@@ -207,7 +208,7 @@ class Transcriber(FromPretrained):
         raw = self.tokenizer.decode(result.tokens, skip_special_tokens=False)
         text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
         try:
-            segments, note = parse_transcript(text)
+            segments, note = self.parse(text)
         except VibeVoiceError as e:
             segments, note = [], str(e)
         if result.stop_reason == "max_new_tokens":

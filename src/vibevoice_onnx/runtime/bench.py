@@ -259,7 +259,7 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
     one process: tokens per second over the whole run and while decoding, each stream's first token."""
     from ..audio import db_normalize, read_audio
     from ..generation.asr import TranscriptionResult, audio_embeddings, transcribe_tokens
-    from ..transcription import build_asr_prompt
+    from ..transcription import prompt_builder
     from .asr import AsrBatch, OnnxAsrBackend
 
     if not audio:
@@ -271,7 +271,7 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
 
     def transcription(k: int, loop_backend) -> Iterator[int]:  # lazily: a stream's time includes its encoders
         samples = clips[k % len(clips)]
-        prompt = build_asr_prompt(bundle.tokenizer, len(samples))
+        prompt = prompt_builder(bundle.kind)[0](bundle.tokenizer, len(samples))
         embeddings = audio_embeddings(loop_backend, samples, None)
         yield from transcribe_tokens(loop_backend, prompt, embeddings, set(), tokens, TranscriptionResult())
 

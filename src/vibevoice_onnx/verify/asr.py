@@ -19,7 +19,8 @@ from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
 from ..runtime.asr import ENCODERS, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
-from ..transcription import build_asr_prompt
+from ..families import load
+from ..transcription import prompt_builder
 from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, bound_gate,
                      compare, cosine, lm_gates)
 
@@ -74,7 +75,7 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     the later steps incomparable (as it would if the reference ran free). Every step whose reference top-2
     margin clears the precision's decision floor must pick the same token."""
     tokenizer = bundle.tokenizer
-    prompt, stops = build_asr_prompt(tokenizer, len(samples)), stop_ids(tokenizer)
+    prompt, stops = prompt_builder(bundle.kind)[0](tokenizer, len(samples)), stop_ids(tokenizer)
     ours = run_transcription(runtime, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
     theirs = forced_logits(reference, prompt, audio_embeddings(reference, samples, None), ours.tokens)
     setting = (f"{len(ours.tokens)} greedy tokens ({ours.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
@@ -86,7 +87,7 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
 def bound_loop(samples: np.ndarray):
     """The closed loop's greedy transcription on a backend of the bundle given (verify.common.bound_gate)."""
     def run(bundle: Bundle) -> list[np.ndarray]:
-        prompt, stops = build_asr_prompt(bundle.tokenizer, len(samples)), stop_ids(bundle.tokenizer)
+        prompt, stops = prompt_builder(bundle.kind)[0](bundle.tokenizer, len(samples)), stop_ids(bundle.tokenizer)
         result = run_transcription(OnnxAsrBackend(bundle), prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
         return [np.stack(result.logits), np.array(result.tokens)]
 
@@ -124,11 +125,11 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
     """Three clips of the verification audio, of other lengths, transcribed with their greedy steps batched on
     one model (the third joining after the first has made three tokens) against each alone: the same tokens
     and every step's logits the same (cosine 0.99999). Batching must change nothing, at any precision."""
-    tokenizer, stops = bundle.tokenizer, stop_ids(bundle.tokenizer)
+    tokenizer, stops, build_prompt = bundle.tokenizer, stop_ids(bundle.tokenizer), prompt_builder(bundle.kind)[0]
     jobs = []
     for (start, end), tokens in zip(BATCH_GATE_CLIPS, BATCH_GATE_TOKENS):
         clip = samples[int(start * len(samples)): int(end * len(samples))]
-        jobs.append((build_asr_prompt(tokenizer, len(clip)), clip, tokens))
+        jobs.append((build_prompt(tokenizer, len(clip)), clip, tokens))
 
     def run(backend, job, result):
         prompt, clip, tokens = job
@@ -148,12 +149,14 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
 
 
 def load_reference(checkpoint: Checkpoint, log) -> AsrReference:
-    """The fp32 reference, its LM layers read from the shards as they run where the model does not fit."""
+    """The fp32 reference (the kind's: ASR-BitNet's ternarizes its projections), its LM layers read from the
+    shards as they run where the model does not fit (the float ASR reference only)."""
     from ..reference.asr import load_asr, load_asr_layer_streamed
     from ..reference.loading import fp32_model_fits
 
-    if fp32_model_fits(checkpoint.files):
-        return load_asr(checkpoint)
+    loader = load(checkpoint.family.reference)
+    if fp32_model_fits(checkpoint.files) or loader is not load_asr:
+        return loader(checkpoint)
     log("  the fp32 reference does not fit in memory: its LM layers are read from the shards as they run")
     return load_asr_layer_streamed(checkpoint)
 
