@@ -126,28 +126,38 @@ def test_the_reference_ternarizes_every_projection(tiny_bitnet):
 
 
 def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
-    """down_proj's full-size shape (8960 inputs: the longest sums, 127 · 8960 < 2**24), latent weights as
-    released (range ±2.7 around mean|W| 0.034), tokens of other scales; the graph's output equals torch's."""
+    """down_proj's full-size input width (8960: the longest sums, 127 · 8960 < 2**24; 96 of its outputs), latent weights of the
+    released scale, tokens of other scales; the graph's output equals torch's bit for bit, and so does the graph
+    with its ternary weights packed as 4-bit MatMulNBits (what a bundle holds)."""
+    import shutil
+
     import numpy as np
     import onnxruntime as ort
     import torch
 
     from vibevoice_onnx.export.graphs import BATCH, FRAMES, GraphSpec, export_graph
+    from vibevoice_onnx.export.precision import pack_ternary
     from vibevoice_onnx.reference.asr_bitnet import BitLinear
 
     g = torch.Generator().manual_seed(5)
-    linear = torch.nn.Linear(8960, 1536, bias=False)
+    linear = torch.nn.Linear(8960, 96, bias=False)
     with torch.no_grad():
-        linear.weight.copy_(torch.randn(1536, 8960, generator=g) * 0.043)
+        linear.weight.copy_(torch.randn(96, 8960, generator=g) * 0.043)
     layer = BitLinear(linear)
     x = torch.randn(2, 7, 8960, generator=g) * torch.logspace(-3, 2, 7)[None, :, None]
-    x[0, 0, :8960] = torch.where(torch.rand(8960, generator=g) < 0.5, 1.0, -1.0) * 3  # every product at ±127
+    x[0, 0] = torch.where(torch.rand(8960, generator=g) < 0.5, 1.0, -1.0) * 3  # every x_q at ±127
     spec = GraphSpec("bitlinear", layer, (x[:, :2],), ["x"], ["y"], ({0: BATCH, 1: FRAMES},))
     path = export_graph(spec, tmp_path, lambda _: None, fuse=False)
-    graph = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    packed = tmp_path / "packed" / path.name
+    packed.parent.mkdir()
+    shutil.copyfile(path, packed)
+    details = pack_ternary(packed, external_data=False)
+    assert details["matmuls"] == 1 and details["weight_bytes_after"] < details["weight_bytes_before"] / 7.5
     with torch.no_grad():
         expected = layer(x).numpy()
-    assert np.array_equal(graph, expected)  # bit for bit
+    for graph in (path, packed):
+        out = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+        assert np.array_equal(out, expected), graph  # bit for bit
     codes = layer.weight.numpy()
     assert set(np.unique(codes)) == {-1.0, 0.0, 1.0}
     # the integer part alone, in int64, is what the fp32 MatMul computed
@@ -158,21 +168,49 @@ def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     assert np.abs(expected * (a * float(layer.weight_scale)) - exact).max() / np.abs(exact).max() < 1e-6
 
 
-def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bitnet_bundle):
+def test_ternary_packing_round_trips_odd_shapes():
     import numpy as np
+
+    from vibevoice_onnx.export.precision import ternary_matmul_nbits
+
+    weight = np.random.default_rng(1).integers(-1, 2, (200, 6)).astype(np.float32)  # K not a multiple of the block
+    attributes, tensors = ternary_matmul_nbits(weight, "w")
+    assert unpack_ternary(attributes, dict(tensors), "w").tobytes() == weight.tobytes()
+    with pytest.raises(Exception, match="not a ternary weight"):
+        ternary_matmul_nbits(weight * 0.5, "w")
+
+
+def unpack_ternary(attributes: dict, tensors: dict, name: str):
+    """The [K, N] weight a ternary MatMulNBits node's tensors hold: (code - 8) · scale, codes two to a byte."""
+    import numpy as np
+
+    packed, scales = tensors[f"{name}_Q4"], tensors[f"{name}_scales"]
+    n, blocks = packed.shape[:2]
+    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, blocks, -1)
+    values = (codes.astype(np.float32) - 8) * scales.reshape(n, blocks, 1)
+    return np.ascontiguousarray(values.reshape(n, -1)[:, :attributes["K"]].T)
+
+
+def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bitnet_bundle):
     import onnx
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     from vibevoice_onnx.reference.asr_bitnet import PROJECTIONS, load_asr_bitnet
 
     model = onnx.load(str(bitnet_bundle / "lm.onnx"))
-    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    ternary = [weights[n.input[1]] for n in model.graph.node
-               if n.op_type == "MatMul" and n.input[1] in weights and set(np.unique(weights[n.input[1]])) <= {-1, 0, 1}]
+    tensors = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    packed = []
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            assert (attributes["bits"], attributes["accuracy_level"], len(node.input)) == (4, 1, 3)  # zero point: 8
+            packed.append(unpack_ternary(attributes, tensors, node.input[1].removesuffix("_Q4")))
+    assert not [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in tensors]  # none left float
     layers = load_asr_bitnet(tiny_bitnet).parts.language_model.layers
     codes = [layer.get_submodule(p).weight.detach().numpy().T for layer in layers for p in PROJECTIONS]
-    assert len(ternary) == len(codes) == 7 * len(layers)
-    assert sorted(c.tobytes() for c in ternary) == sorted(c.tobytes() for c in codes)
+    assert len(packed) == len(codes) == 7 * len(layers)
+    assert sorted(c.tobytes() for c in packed) == sorted((c + 0.0).tobytes() for c in codes)  # + 0.0: -0 is 0
+    assert "ternary: MatMulNBits 4-bit codes, scale 1, exact" in (bitnet_bundle / "manifest.json").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------

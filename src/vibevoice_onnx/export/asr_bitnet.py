@@ -6,8 +6,10 @@ as the reference's BitLinear traced with standard ops:
     y = MatMul(x_q, Wtᵀ) / (a · s) + bias            Wt: an fp32 initializer holding only -1, 0, 1
 
 Every product and partial sum of the MatMul is an integer below 2**24 (127 · 8960 at full size), so fp32
-accumulation is exact in any order and the graph reproduces the integer arithmetic bit for bit. The model is
-1.5B parameters (11 GB in fp32): loaded whole, no weights streamed from the shards.
+accumulation is exact in any order and the graph reproduces the integer arithmetic bit for bit. The LM graph's
+ternary MatMuls are then packed as 4-bit MatMulNBits with scale 1 (precision.pack_ternary): the same products
+exactly, in an eighth of the bytes. The model is 1.5B parameters (11 GB in fp32): loaded whole, no weights
+streamed from the shards.
 """
 
 from __future__ import annotations
@@ -17,6 +19,18 @@ from .asr import graph_specs, host_tensors  # noqa: F401 (the ASR graphs, from t
 # Seconds and peak GB per billion parameters of a first build + verify on 2 cores: not measured at full size;
 # the whole fp32 model is held (4 GB per billion) with the traced LM beside it.
 BUILD_COST = {"fp32": (85.0, 9.0)}
+
+
+def pack(name: str, path, log) -> dict | None:
+    """The LM graph's ternary weights packed (every precision: they are exact), after its export."""
+    if name != "lm":
+        return None
+    from .precision import pack_ternary
+
+    details = pack_ternary(path, path.with_name(path.name + ".data").exists())
+    log(f"  {name}: {details['matmuls']} ternary MatMuls packed, {details['weight_bytes_before'] / 1e6:.1f} -> "
+        f"{details['weight_bytes_after'] / 1e6:.1f} MB")
+    return details
 
 
 def load_model(checkpoint):

@@ -166,7 +166,8 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
             log(f"  kept {spec.name} of {sibling}")
         else:
             path = export_graph(spec, tmp, log, fuse=getattr(exporter, "fuse_ops", True))
-            graphs[spec.name] = graph_entry(path, spec.extra)
+            packed = exporter.pack(spec.name, path, log) if hasattr(exporter, "pack") else None
+            graphs[spec.name] = {**graph_entry(path, spec.extra), **({"precision": packed} if packed else {})}
     if sibling:
         shutil.copyfile(sibling / HOST_TENSORS, tmp / HOST_TENSORS)
     else:
