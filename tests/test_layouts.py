@@ -12,6 +12,7 @@ HUB_TOTALS = {
     "realtime": (605, 1_017_626_724),
     "1.5b": (1_204, 2_704_021_987),
     "asr-hf": (901, 8_330_325_888),
+    "asr-bitnet": (1_177, 2_814_116_321),  # docs/bitnet.md: its three F32 shards (MOB)
 }
 
 
