@@ -332,18 +332,25 @@ def test_an_oversized_upload_shows_the_servers_sentence(browser, server, tmp_pat
     assert console_errors(browser, allowed=("413",)) == []
 
 
+def start_recording(browser, kind: str, tokens: int, seed: int, heard: str) -> str:
+    """The Transcribe view on a model of `kind`, recording from the fake microphone until the script `heard`
+    (run in the page) is true: the model's id."""
+    open_tab(browser, "transcribe")
+    model = choose(browser, "asr-model", kind)
+    set_field(browser, "asr-tokens", tokens)
+    set_field(browser, "asr-seed", seed)
+    element(browser, "record").click()
+    wait_for(browser, lambda d: d.execute_script(heard), "the microphone")
+    return model
+
+
 def test_live_transcription_from_the_microphone_shows_each_chunk_the_server_decodes(browser, server, microphone,
                                                                                      screens):
     if microphone is None:
         pytest.skip(f"{SPEECH_FIXTURE} is not available")
     from websockets.sync.client import connect
 
-    open_tab(browser, "transcribe")
-    model = choose(browser, "asr-model", "asr-streaming")
-    set_field(browser, "asr-tokens", 4)
-    set_field(browser, "asr-seed", 3)
-    element(browser, "record").click()
-    wait_for(browser, lambda d: d.execute_script("return (window.__liveSent || []).length") >= 10, "the microphone")
+    model = start_recording(browser, "asr-streaming", 4, 3, "return (window.__liveSent || []).length >= 10")
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#asr-chunks li"), "a chunk while recording")
     element(browser, "record-stop").click()
     wait_for(browser, lambda d: d.execute_script("return window.__liveDone === true"), "the last chunk")
@@ -376,13 +383,8 @@ def test_a_recording_on_a_whole_file_model_is_transcribed_as_the_route_transcrib
         pytest.skip(f"{SPEECH_FIXTURE} is not available")
     import soundfile as sf
 
-    open_tab(browser, "transcribe")
-    model = choose(browser, "asr-model", "asr")
-    set_field(browser, "asr-tokens", 6)
-    set_field(browser, "asr-seed", 4)
-    element(browser, "record").click()
-    wait_for(browser, lambda d: d.execute_script(  # a second of it, past the fixture's quiet start
-        "return (window.__liveSent || []).slice(5).some(p => p.some(v => Math.abs(v) > 0.1))"), "the microphone")
+    model = start_recording(browser, "asr", 6, 4,  # a second of it, past the fixture's quiet start
+                            "return (window.__liveSent || []).slice(5).some(p => p.some(v => Math.abs(v) > 0.1))")
     element(browser, "record-stop").click()
     wait_for(browser, lambda d: "s of audio in" in element(d, "asr-status").text or error_line(d), "the transcript")
     assert error_line(browser) == ""
