@@ -217,10 +217,12 @@ def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bit
 def test_the_prompt_asks_for_plain_text_in_the_json_system_frame(tiny_bitnet):
     from tokenizers import Tokenizer
 
-    from vibevoice_onnx.transcription import SYSTEM_PROMPT, build_text_prompt, prompt_builder
+    from vibevoice_onnx.transcription import (SYSTEM_PROMPT, build_text_prompt, parse_prose, parse_transcript,
+                                              prompt_builder, transcript_parser)
 
     tokenizer = Tokenizer.from_file(str(tiny_bitnet / "tokenizer.json"))
-    assert prompt_builder("asr-bitnet")[0] is build_text_prompt
+    assert prompt_builder("asr-bitnet") is build_text_prompt
+    assert transcript_parser("asr-bitnet") is parse_prose and transcript_parser("asr") is parse_transcript
     prompt = build_text_prompt(tokenizer, 24000 * 2 + 5)  # 2.0002 s: 16 audio tokens (rounded up)
     text = tokenizer.decode(prompt.ids, skip_special_tokens=False)
     assert text == (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n<|object_ref_start|>"

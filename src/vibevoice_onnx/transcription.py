@@ -1,6 +1,7 @@
 """VibeVoice-ASR's prompt (facts 5.3) and what its generated text becomes (5.5): segments, and the formats
 `transcribe` writes. Torch-free. ASR-BitNet (docs/bitnet.md) has the same prompt with a plain-text request and
-answers in prose: `build_text_prompt`, `parse_prose`; a kind's record names its pair (`prompt_builder`).
+answers in prose: `build_text_prompt`, `parse_prose`; a kind's record names them (`prompt_builder`,
+`transcript_parser`).
 
 The prompt is upstream's processor's: its own chat template (no default system turn, no assistant prefix:
 the model writes `<|im_start|>assistant\\n` itself), the system turn and the user turn encoded separately and
@@ -80,11 +81,17 @@ def _token_id(tokenizer, name: str) -> int:
 
 
 def prompt_builder(kind: str):
-    """(the kind's prompt builder, its transcript parser), as its record names them."""
+    """The kind's prompt builder, (tokenizer, samples, hotwords) -> AsrPrompt, as its record names it."""
     from .families import family, load
 
-    facts = family(kind)
-    return load(facts.prompt), load(facts.transcript)
+    return load(family(kind).prompt)
+
+
+def transcript_parser(kind: str):
+    """The kind's transcript parser, (generated text) -> (segments, note), as its record names it."""
+    from .families import family, load
+
+    return load(family(kind).transcript)
 
 
 def _encode(tokenizer, text: str) -> list[int]:

@@ -17,7 +17,7 @@ from ..families import family, kinds_that
 from ..generation.asr import TranscriptionResult, audio_embeddings, stop_ids, transcribe_tokens
 from ..generation.repetition import Repetition, RepetitionGuard
 from ..generation.common import LmStream
-from ..transcription import Segment, prompt_builder
+from ..transcription import Segment, prompt_builder, transcript_parser
 from .bundle import Bundle
 from .pretrained import FromPretrained
 from .batch import BATCH_CAPACITY, MemberBackend, StreamBatch, row_executor
@@ -149,7 +149,8 @@ class Transcriber(FromPretrained):
             self.bundle.require_usable()
         self.backend = OnnxAsrBackend(self.bundle)
         self.tokenizer = self.bundle.tokenizer
-        self.build_prompt, self.parse = prompt_builder(self.bundle.kind)  # JSON segments, or prose (ASR-BitNet)
+        # JSON segments, or prose (ASR-BitNet)
+        self.build_prompt, self.parse = prompt_builder(self.bundle.kind), transcript_parser(self.bundle.kind)
         self.stops = stop_ids(self.tokenizer)
 
     def within_context(self, prompt, max_new_tokens: int) -> int:

@@ -271,7 +271,7 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
 
     def transcription(k: int, loop_backend) -> Iterator[int]:  # lazily: a stream's time includes its encoders
         samples = clips[k % len(clips)]
-        prompt = prompt_builder(bundle.kind)[0](bundle.tokenizer, len(samples))
+        prompt = prompt_builder(bundle.kind)(bundle.tokenizer, len(samples))
         embeddings = audio_embeddings(loop_backend, samples, None)
         yield from transcribe_tokens(loop_backend, prompt, embeddings, set(), tokens, TranscriptionResult())
 
@@ -314,10 +314,9 @@ def late_frames(times: list[float]) -> int:
 def result_of(kind: str):
     """An empty result of the kind's loop that hands its audio out without keeping it (a long run's memory is
     then the model's own)."""
+    from ..families import family
     from ..generation.realtime import GenerationResult
     from ..generation.tts15b import LongFormResult
-
-    from ..families import family
 
     return (LongFormResult if family(kind).capabilities.long_form else GenerationResult)(keep_audio=False)
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BundleError, VibeVoiceError
+
 F32 = np.float32
 
 
@@ -44,12 +46,7 @@ class Placement:
 
     def zeros(self, shape: tuple, dtype=F32):
         """A zeroed buffer for state a graph reads and writes in place: numpy on the host, else device memory."""
-        host = np.zeros(shape, dtype)
-        if not self.device_buffers:
-            return host
-        from onnxruntime import OrtValue
-
-        return OrtValue.ortvalue_from_numpy(host, self.device, self.device_id)
+        return self.upload(np.zeros(shape, dtype))
 
     def upload(self, array: np.ndarray):
         """A host array as a value of the device (the array itself where the device is the host)."""
@@ -135,13 +132,13 @@ class GraphSession:
             if self.static is not None:
                 return self.static.run(self.session, names, feeds)
             if self.placement.bound:
-                return self._bound(names, feeds, set(keep), into)
+                return self._bound(names, feeds, keep, into)
             return self._unbound(names, feeds, into)
         finally:
             if self.timings is not None:
                 self.timings.setdefault(self.name, []).append(time.perf_counter() - start)
 
-    def _bound(self, names: list[str], feeds: dict, keep: set, into: dict) -> list:
+    def _bound(self, names: list[str], feeds: dict, keep, into: dict) -> list:
         placement, binding, held = self.placement, self.session.io_binding(), []
         for name, value in feeds.items():
             if isinstance(value, Region):
@@ -160,9 +157,7 @@ class GraphSession:
         return [value if name in keep else value.numpy() for name, value in zip(names, values)]
 
     def _unbound(self, names: list[str], feeds: dict, into: dict) -> list:
-        plain = {name: host(value) if isinstance(value, Region) or not isinstance(value, np.ndarray) else value
-                 for name, value in feeds.items()}
-        outputs = self.session.run(names + list(into), plain)
+        outputs = self.session.run(names + list(into), {name: host(value) for name, value in feeds.items()})
         for region, value in zip(into.values(), outputs[len(names):]):
             np.copyto(region.view, value)
         return outputs[:len(names)]
@@ -182,8 +177,6 @@ class StaticBinding:
         dynamic = [f"{v['name']} {v['shape']}" for v in graph["inputs"] + graph["outputs"]
                    if not all(isinstance(d, int) and d > 0 for d in v["shape"])]
         if dynamic:
-            from ..errors import BundleError
-
             raise BundleError(f"graph {name} has dynamic dimensions ({', '.join(dynamic)}); CUDA graphs replay static "
                               "shapes only: build the bundle with --profile fixed")
         self.name, self.placement = name, placement
@@ -196,8 +189,6 @@ class StaticBinding:
             raise ValueError(f"{self.name}: a static binding takes exactly the inputs {sorted(self.inputs)}")
         for name, value in feeds.items():
             if tuple(np.shape(value)) != self.inputs[name][0]:
-                from ..errors import VibeVoiceError
-
                 raise VibeVoiceError(f"{self.name}: input {name} of shape {list(np.shape(value))} is not the "
                                      f"{list(self.inputs[name][0])} its CUDA graph was captured with")
         if self.binding is None:

@@ -254,7 +254,7 @@ class StreamingConv:
         self.states = bundle.graph(name)["states"]
         self.input = bundle.graph(name)["inputs"][0]["name"]
         self.state_names = [f"state.{s['name']}" for s in self.states]
-        self.state_outputs = self.session.output_names[1:]
+        self.state_outputs = frozenset(self.session.output_names[1:])  # kept where the graph runs
 
     def new_state(self) -> list[np.ndarray]:
         return [np.zeros((1, s["channels"], s["length"]), F32) for s in self.states]
@@ -263,7 +263,7 @@ class StreamingConv:
         """Output for `chunk` and the new states, which stay where the graph runs (the device) for the next call."""
         feeds = {self.input: np.ascontiguousarray(chunk, dtype=F32)}
         feeds.update(zip(self.state_names, state))
-        out, *new_state = self.session.run(None, feeds, keep=set(self.state_outputs))
+        out, *new_state = self.session.run(None, feeds, keep=self.state_outputs)
         return out, new_state
 
     def whole(self, chunk: np.ndarray) -> np.ndarray:

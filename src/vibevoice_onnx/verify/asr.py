@@ -75,7 +75,7 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     the later steps incomparable (as it would if the reference ran free). Every step whose reference top-2
     margin clears the precision's decision floor must pick the same token."""
     tokenizer = bundle.tokenizer
-    prompt, stops = prompt_builder(bundle.kind)[0](tokenizer, len(samples)), stop_ids(tokenizer)
+    prompt, stops = prompt_builder(bundle.kind)(tokenizer, len(samples)), stop_ids(tokenizer)
     ours = run_transcription(runtime, prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
     theirs = forced_logits(reference, prompt, audio_embeddings(reference, samples, None), ours.tokens)
     setting = (f"{len(ours.tokens)} greedy tokens ({ours.stop_reason}), {len(prompt.audio_positions)} audio tokens, "
@@ -87,7 +87,7 @@ def closed_loop(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
 def bound_loop(samples: np.ndarray):
     """The closed loop's greedy transcription on a backend of the bundle given (verify.common.bound_gate)."""
     def run(bundle: Bundle) -> list[np.ndarray]:
-        prompt, stops = prompt_builder(bundle.kind)[0](bundle.tokenizer, len(samples)), stop_ids(bundle.tokenizer)
+        prompt, stops = prompt_builder(bundle.kind)(bundle.tokenizer, len(samples)), stop_ids(bundle.tokenizer)
         result = run_transcription(OnnxAsrBackend(bundle), prompt, samples, stops, LOOP_TOKENS, rng=None, keep_logits=True)
         return [np.stack(result.logits), np.array(result.tokens)]
 
@@ -125,7 +125,7 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
     """Three clips of the verification audio, of other lengths, transcribed with their greedy steps batched on
     one model (the third joining after the first has made three tokens) against each alone: the same tokens
     and every step's logits the same (cosine 0.99999). Batching must change nothing, at any precision."""
-    tokenizer, stops, build_prompt = bundle.tokenizer, stop_ids(bundle.tokenizer), prompt_builder(bundle.kind)[0]
+    tokenizer, stops, build_prompt = bundle.tokenizer, stop_ids(bundle.tokenizer), prompt_builder(bundle.kind)
     jobs = []
     for (start, end), tokens in zip(BATCH_GATE_CLIPS, BATCH_GATE_TOKENS):
         clip = samples[int(start * len(samples)): int(end * len(samples))]
