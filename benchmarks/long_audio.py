@@ -43,6 +43,27 @@ def recording(path: Path, seconds: float, silence: float = 5.0) -> Path:
     return path
 
 
+def context_memory(bundle: Path, samples: int) -> dict:
+    """The prompt's positions for `samples` of audio and the fp32 KV cache they fill: what the LM's context needs."""
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.transcription import prompt_builder
+
+    opened = Bundle(bundle)
+    positions = len(prompt_builder(opened.kind)(opened.tokenizer, samples).ids)
+    lm = opened.dims.lm
+    return {"prompt_positions": positions,
+            "kv_cache_gb": round(lm.layers * 2 * lm.kv_heads * lm.head_dim * 4 * positions / 2**30, 2)}
+
+
+def write(results: dict, args: argparse.Namespace) -> str:
+    """The results so far, after every run: an hour-long run that dies leaves the runs before it."""
+    text = json.dumps({**header(), **results}, indent=2) + "\n"
+    for path in (args.workdir / "results.json", args.out):
+        if path:
+            path.write_text(text)
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="+", type=Path, help="ASR bundles (say the int8 and int4-mixed ones)")
@@ -65,22 +86,22 @@ def main() -> int:
                        "--max-new-tokens", str(args.tokens), *(["--force"] if args.force else [])]
             phase: dict = {}
             run_phase(label, command, phase, args.workdir)
-            record = {**phase[label], "command": " ".join(["vibevoice-onnx", *command[3:]]), "audio_seconds": seconds}
+            record = {**phase[label], "command": " ".join(["vibevoice-onnx", *command[3:]]), "audio_seconds": seconds,
+                      **context_memory(bundle, int(seconds * RATE))}
             if not record["exit"]:
                 record["real_time_factor"] = round(record["seconds"] / seconds, 4)
             results[label] = record  # a run at the top level: the docs' benchmarks page tabulates it
+            write(results, args)
         short, long = (results[f"{bundle.name}-{n}"] for n in ("short", "long"))
         if short["exit"] or long["exit"]:
             continue
+        growth = long["peak_rss_gb"] - short["peak_rss_gb"]
         results[f"{bundle.name}: long over short"] = {
             "peak_rss_long_over_short": round(long["peak_rss_gb"] / max(short["peak_rss_gb"], 1e-9), 3),
+            "peak_rss_growth_gb": round(growth, 2),
+            "growth_beyond_the_kv_cache_gb": round(growth - (long["kv_cache_gb"] - short["kv_cache_gb"]), 2),
             "seconds_long_over_short": round(long["seconds"] / max(short["seconds"], 1e-9), 2)}
-    results = {**header(), **results}
-    text = json.dumps(results, indent=2) + "\n"
-    (args.workdir / "results.json").write_text(text)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+    print(write(results, args))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Long recordings: the prompt's prefill in calls of a bounded size (the same numbers as one call), and a
-recording the model's context cannot hold refused with one sentence before any encoding."""
+"""Long recordings: the encoders and the prompt's prefill in calls of a bounded size (the same numbers as one
+call), and a recording the model's context cannot hold refused with one sentence before any encoding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from vibevoice_onnx.errors import VibeVoiceError
 from vibevoice_onnx.generation.asr import prefill
-from vibevoice_onnx.runtime.asr import OnnxAsrBackend, Transcriber
+from vibevoice_onnx.runtime.asr import PIECE_FRAMES, OnnxAsrBackend, Transcriber
+from vibevoice_onnx.runtime.lm import KvCache, StreamingConv
 from vibevoice_onnx.runtime.bundle import Bundle
 
 from conftest import copy_bundle
@@ -21,6 +22,30 @@ def test_a_prefill_in_calls_of_512_tokens_equals_one_call(tiny_asr_bundle):
     embeds = np.random.default_rng(0).standard_normal((1, 1300, backend.bundle.dims.lm.hidden)).astype(np.float32)
     whole, chunked = (prefill(backend.lm_stream(), embeds, chunk) for chunk in (1300, 512))
     np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_the_encoders_take_a_segment_in_pieces_with_the_means_of_one_call(tiny_asr_bundle, monkeypatch):
+    backend = OnnxAsrBackend(Bundle(tiny_asr_bundle))
+    piece = PIECE_FRAMES * backend.bundle.dims.acoustic_encoder.hop
+    audio = (np.random.default_rng(1).standard_normal((1, 1, 2 * piece + 4321)) * 0.1).astype(np.float32)
+    whole = [encoder.whole(audio) for encoder in backend.encoders]  # one call: every sample at once
+    calls = []
+    run = StreamingConv.run
+    monkeypatch.setattr(StreamingConv, "run", lambda self, chunk, state: calls.append(chunk.shape[-1]) or run(self, chunk, state))
+    pieces = backend.encode(audio)
+    assert calls == [piece, piece, piece, piece, 4321, 4321]  # each encoder: two whole pieces, then the rest
+    for ours, theirs in zip(pieces, whole):
+        assert ours.shape == theirs.shape == (1, 2 * PIECE_FRAMES + 2, ours.shape[-1])
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_long_prompt_is_prefilled_into_a_cache_made_for_it(tiny_asr_bundle, monkeypatch):
+    grown = []
+    reserve = KvCache.reserve
+    monkeypatch.setattr(KvCache, "reserve", lambda self, n: (grown.append(n) if n > self.capacity else None) or reserve(self, n))
+    tone = np.sin(np.arange(50 * 24000) / 9.0).astype(np.float32) * 0.3  # 375 audio positions: past a new cache's 256
+    result = Transcriber(tiny_asr_bundle).transcribe(tone, sample_rate=24000, max_new_tokens=4, mean_latents=True)
+    assert len(result.tokens) == 4 and grown == []  # no copy of the cache on the way
 
 
 def with_context(bundle_dir, tmp_path, positions: int):

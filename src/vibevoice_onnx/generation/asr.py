@@ -1,11 +1,13 @@
 """VibeVoice-ASR's transcription loop (facts 5.3-5.4), written once and run on both backends.
 
 The audio (normalised 24 kHz samples) goes through the acoustic and semantic encoders in one pass with
-upstream's non-streaming padding, or, over 60 s, in upstream's 60 s segments with the encoders' conv
-states carried from one to the next (the last padded as upstream pads its final segment); the acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per
-item times unit noise) unless the caller asks for the means; the connectors' sum fills the prompt's
-placeholders; the prefill (in calls of PREFILL_CHUNK tokens); then greedy tokens with the KV cache until `<|endoftext|>` or `<|im_end|>` or
-the token limit.
+upstream's non-streaming padding, or, over 60 s, in upstream's 60 s segments with the encoders' conv states
+carried from one to the next (the last padded as upstream pads its final segment); a backend may feed a segment
+in smaller pieces with its states carried (the ONNX one does, to bound its activations: the encoders are causal,
+so that is the same computation). The acoustic means get upstream's σ-VAE noise (one N(0, std²) scale per item
+times unit noise) unless the caller asks for the means; the connectors' sum fills the prompt's placeholders;
+the prefill (in calls of PREFILL_CHUNK tokens); then greedy tokens with the KV cache until `<|endoftext|>` or
+`<|im_end|>` or the token limit.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class AsrBackend(Protocol):
     def encode(self, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...  # [1, 1, N] -> [1, T, 64], [1, T, 128]
     def encoder_stream(self) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]: ...  # the same, per segment
     def connect(self, acoustic: np.ndarray, semantic: np.ndarray) -> np.ndarray: ...  # -> [1, T, H]
-    def lm_stream(self) -> LmStream: ...  # an empty stream of the language model
+    def lm_stream(self, positions: int = 0) -> LmStream: ...  # an empty stream, room made for `positions` where it can
     def logits(self, hidden: np.ndarray) -> np.ndarray: ...  # [1, H] -> [V]
 
 
@@ -107,7 +109,7 @@ def transcribe_tokens(backend: AsrBackend, prompt: AsrPrompt, audio: np.ndarray,
         raise VibeVoiceError(f"the prompt has {len(prompt.audio_positions)} audio slots but the audio gives {len(audio)}")
     embeds = backend.embed(prompt.ids).copy()
     embeds[0, prompt.audio_positions] = audio
-    stream = backend.lm_stream()
+    stream = backend.lm_stream(len(prompt.ids))  # an hour's prompt is 27,000 positions: no doubling in its prefill
     hidden = prefill(stream, embeds)
     first = stream.position  # where the first generated token is fed
     if guard is not None:

@@ -54,7 +54,7 @@ class AsrReference:
     def connect(self, acoustic, semantic):
         return self.parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()
 
-    def lm_stream(self) -> LmStream:
+    def lm_stream(self, positions: int = 0) -> LmStream:  # a DynamicCache grows by itself
         @torch.no_grad()
         def run(embeds, positions, cache):
             out = self.parts.language_model(inputs_embeds=as_tensor(embeds), position_ids=torch.from_numpy(positions),

@@ -17,7 +17,7 @@ from ..generation.asr import (TranscriptionResult, audio_embeddings, encoder_mea
                               run_transcription, stop_ids, transcribe_tokens)
 from ..reference.asr import AsrReference
 from ..reference.modules import UpstreamPadding, as_tensor
-from ..runtime.asr import ENCODERS, AsrBatch, OnnxAsrBackend
+from ..runtime.asr import ENCODERS, PIECE_FRAMES, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..families import load
 from ..transcription import prompt_builder
@@ -50,10 +50,13 @@ def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
     hidden = probe.normal(3, dims.lm.hidden)
     gates.append(compare("lm_head", [np.stack([runtime.logits(h[None]) for h in hidden])],
                          [reference.model.lm_head(as_tensor(hidden)).numpy()], min_cosine=limit))
-    # One segment from zero states (audio up to 60 s), then long audio's path on short segments of 5 frames:
-    # two whole ones and a partial last one; both against one pass of the reference with upstream's padding.
+    # One segment from zero states (audio up to 60 s), alone and longer than the runtime's pieces, then long
+    # audio's path on short segments of 5 frames: two whole ones and a partial last one; each against one pass of
+    # the reference with upstream's padding.
     hop, encoders = dims.acoustic_encoder.hop, (parts.acoustic_tokenizer_encoder, parts.semantic_tokenizer_encoder)
+    pieces = f"{PIECE_FRAMES + 7}.2 frames, one segment in pieces of {PIECE_FRAMES}"
     for label, audio, segment in (("2.2 frames, one segment", probe.normal(1, 1, 2 * hop + 777) * 0.1, None),
+                                  (pieces, probe.normal(1, 1, (PIECE_FRAMES + 7) * hop + 777) * 0.1, None),
                                   ("3 segments, states", probe.normal(1, 1, 13 * hop + 555) * 0.1, 5 * hop)):
         ours = encoder_means(runtime, audio[0, 0], segment=segment or audio.shape[-1])
         for name, encoder, out in zip(ENCODERS, encoders, ours):
