@@ -193,6 +193,23 @@ def test_the_command_line_job_takes_defaults_and_exits_2_when_items_failed(clust
     assert "--defaults takes a JSON object" in capsys.readouterr().err
 
 
+def test_a_cluster_address_where_nothing_answers_is_one_sentence_within_seconds(tiny_bundle, tmp_path):
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:  # a port nothing listens on once this is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    items = write_items(tmp_path / "items.jsonl", synthesis_items(1))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "batch", "synthesize", str(tiny_bundle), str(items),
+                           "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr  # the CLI's exit for an error
+    assert f"error: nothing answers at the Ray cluster address 127.0.0.1:{port} (Connection refused)" in proc.stderr
+    assert time.monotonic() - started < 60  # Ray alone retries for minutes
+
+
 # ---- the server as Ray Serve replicas ----
 
 def replica_pids() -> set[int]:

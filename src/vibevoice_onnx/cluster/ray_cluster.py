@@ -13,12 +13,14 @@ import contextlib
 import ipaddress
 import os
 import signal
+import socket
 import threading
 
 from ..errors import VibeVoiceError
 
 LOCAL_OBJECT_STORE = 256 * 2**20  # what we pass through it is small (rows of JSON, HTTP bodies), never models
 LOOPBACK = "127.0.0.1"
+REACH_TIMEOUT = 5.0  # seconds a cluster's address has to answer: ray.init would retry for minutes, logging each try
 
 # The environment the processes of a cluster started here inherit (ray.init starts the GCS, the raylet and the
 # agents, and the raylet starts every worker, Serve's controller, proxy and replicas among them, with its own).
@@ -60,7 +62,11 @@ def connect(address: str | None, cpus: int) -> bool:
     in_main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     if address:
-        ray.init(address=address, log_to_driver=False)
+        check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:  # Ray's "no running instance", a bad address
+            raise VibeVoiceError(f"cannot join the Ray cluster at {address}: {str(e).strip().splitlines()[0]}") from None
     else:
         with _loopback_node():
             ray.init(address="local", num_cpus=max(cpus, os.cpu_count() or 1), object_store_memory=LOCAL_OBJECT_STORE,
@@ -73,6 +79,20 @@ def connect(address: str | None, cpus: int) -> bool:
     if on_sigterm is not None:  # Ray's own handlers would abort the process (its core's signal handler) or exit
         signal.signal(signal.SIGTERM, on_sigterm)  # at once: the caller's handler runs its cleanup, Ray's shutdown too
     return True
+
+
+def check_reachable(address: str) -> None:
+    """One sentence where nothing answers at a cluster address of the form HOST:PORT or ray://HOST:PORT (Ray
+    itself would retry for minutes); other forms ("auto") are left to Ray."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT).close()
+    except OSError as e:
+        raise VibeVoiceError(f"nothing answers at the Ray cluster address {address} ({e.strerror or e}): start the "
+                             "cluster there (`ray start --head`), or leave --address out to run on a cluster of "
+                             "this machine's own") from None
 
 
 @contextlib.contextmanager
