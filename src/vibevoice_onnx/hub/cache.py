@@ -157,10 +157,15 @@ def require_export_extra() -> None:
             "`vibevoice-onnx push` made; `vibevoice-onnx pull ORG/NAME`), which needs no torch")
 
 
+# The child's command: not `python -m vibevoice_onnx.hub.cache`, since importing the hub package imports this module
+# first, and runpy then warns (to the user) that it is running a module already imported.
+_CHILD_CODE = "import json, sys; from vibevoice_onnx.hub.cache import _build_here; sys.exit(_build_here(json.loads(sys.argv[1])))"
+
+
 def _child(job: dict) -> None:
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.hub.cache", json.dumps(job)])
+    done = subprocess.run([sys.executable, "-c", _CHILD_CODE, json.dumps(job)])
     if done.returncode == 130 or done.returncode < 0:
         raise KeyboardInterrupt
     if done.returncode:
@@ -252,6 +257,3 @@ def remove_cached(match: str) -> list[str]:
 def home_summary() -> str:
     return f"{home()} ({'set by VIBEVOICE_ONNX_HOME' if os.environ.get('VIBEVOICE_ONNX_HOME') else 'default'})"
 
-
-if __name__ == "__main__":
-    sys.exit(_build_here(json.loads(sys.argv[1])))
