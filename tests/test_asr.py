@@ -184,6 +184,7 @@ def test_transcribe_cli_keeps_the_good_results_when_one_input_is_bad(asr_bundle,
     err = capsys.readouterr().err
     assert code == 2 and "2 of 3 input(s) could not be transcribed" in err
     assert "silence.wav: is silent" in err and "notes.wav: not an audio file" in err
+    assert "\r" not in err and "talk.flac: 6 tokens, 0 segments" in err  # not a terminal: whole lines, as a log wants
     assert sorted(p.name for p in out.iterdir()) == ["talk.raw"] and (out / "talk.raw").read_text()
     assert main(["transcribe", str(asr_bundle), str(good), "--max-new-tokens", "6", "--mean-latents"]) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -158,6 +158,37 @@ def test_raw_pcm_goes_to_stdout_and_text_comes_from_stdin(tiny_bundle):
     assert samples.std() > 0
 
 
+def test_progress_is_one_line_per_window_in_a_log_and_one_rewritten_line_on_a_terminal(tiny_bundle, tmp_path):
+    """Off a terminal (a file, a pipe, a CI log) each progress step is printed once: a decoder call of three frames
+    gives three chunks, and each once printed the same line. On a terminal the line is rewritten in place."""
+    code, _, err = run_cli("speak", tiny_bundle, TEXT, "--seed", "2", "--max-frames", "20", "-o", tmp_path / "a.wav")
+    assert code == 0, err
+    frames = [line.split()[1] for line in err.splitlines() if line.startswith("frame ")]
+    assert frames == ["6", "12", "18", "20"] and "\r" not in err, err
+
+    import pty
+
+    leader, follower = pty.openpty()
+    with os.fdopen(leader, "rb", buffering=0) as terminal:
+        proc = subprocess.Popen([sys.executable, "-m", "vibevoice_onnx.cli", "speak", str(tiny_bundle), TEXT, "--seed",
+                                 "2", "--max-frames", "20", "-o", str(tmp_path / "b.wav")], stderr=follower)
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                piece = terminal.read(4096)
+            except OSError:  # the child closed the terminal: everything it wrote is read
+                break
+            if not piece:
+                break
+            seen += piece
+        assert proc.wait(timeout=120) == 0, seen
+    lines = seen.decode().replace("\r\n", "\n").split("\n")  # the terminal sends each newline as \r\n
+    progress = [line.split("\r")[1:] for line in lines if line.startswith("\rframe ")]
+    assert len(progress) == 1 and len(progress[0]) >= 8, seen  # one line, rewritten at every chunk
+    assert progress[0][-1].startswith("frame    20 "), seen
+
+
 def test_text_from_a_file(tiny_bundle, tmp_path):
     (tmp_path / "text.txt").write_text(TEXT + "\n\n", encoding="utf-8")
     assert main(["speak", str(tiny_bundle), "-f", str(tmp_path / "text.txt"), "--seed", "2", "--max-frames", "2", "-o", str(tmp_path / "f.wav")]) == 0

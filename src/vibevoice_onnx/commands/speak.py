@@ -20,6 +20,8 @@ from ..errors import VibeVoiceError
 from ..outputs import atomic_file, check_output_file, os_error_or
 from ..requests import SpeechRequest, start_speech
 from ..runtime.speech import Speech, open_tts
+from ..text import SPEECH_WINDOW
+from .progress import ProgressLine
 
 WAV_SUBTYPES = {"pcm16": "PCM_16", "float32": "FLOAT"}
 
@@ -102,16 +104,16 @@ class _AudioSink:
         sys.stdout.buffer.flush()
 
 
-def _progress(speech: Speech, final: bool = False) -> None:
+def _progress(progress: ProgressLine, speech: Speech, final: bool = False) -> None:
+    """The run so far; off a terminal a line per speech window (6 frames) and a last one where it fell between."""
     audio = speech.audio_seconds
     rtf = speech.seconds / audio if audio else float("nan")
-    line = f"frame {speech.result.frames:5d}  audio {audio:7.2f} s  wall {speech.seconds:7.2f} s  RTF {rtf:.3f}"
+    frames = speech.result.frames
+    line = f"frame {frames:5d}  audio {audio:7.2f} s  wall {speech.seconds:7.2f} s  RTF {rtf:.3f}"
     if speech.segments > 1:
         line += f"  segment {max(1, len(speech.result.segments))}/{speech.segments}"
-    if sys.stderr.isatty():
-        print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
-    elif (speech.result.frames % 6 == 0) != final:  # every speech window, and a last line if it fell between
-        print(line, file=sys.stderr, flush=True)
+    step = frames // SPEECH_WINDOW if frames % SPEECH_WINDOW == 0 else None
+    (progress.done if final else progress.update)(line, step)
 
 
 def parse_speakers(values: list[str]) -> dict:
@@ -182,17 +184,17 @@ def speak_with(tts, request: SpeechRequest, options: SpeakOptions, log=None, loa
             log(f"the text is longer than the model's context: spoken in {speech.segments} segments cut at sentence "
                 "ends, each from the voice prompt, the audio streamed on without a seam")
     speech.result.keep_audio = False  # written as it comes: a long text's audio is not held
-    with ExitStack() as outputs:  # every file is committed together, and only if generation completes
+    with ExitStack() as outputs, ProgressLine() as progress:  # the files are committed together, if it completes
         sink = _AudioSink(options, tts.sample_rate, outputs)
         for chunk in speech:
             sink.write(chunk.samples)
             if log is not None:
-                _progress(speech)
+                _progress(progress, speech)
         if options.save_latents is not None:
             with open(outputs.enter_context(atomic_file(options.save_latents, "saving the latents")), "wb") as f:
                 np.save(f, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))
-    if log is not None:
-        _progress(speech, final=True)
+        if log is not None:
+            _progress(progress, speech, final=True)
     audio = speech.audio_seconds
     return {
         "voices": described,

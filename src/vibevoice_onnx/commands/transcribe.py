@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 from ..errors import VibeVoiceError
+from .progress import ProgressLine
+
+TOKENS_PER_UPDATE = 16  # a terminal's progress line is rewritten this often
+TOKENS_PER_LOG_LINE = 256  # and a log (a file, a pipe) gets a line this often
 
 
 def transcribe_files(args) -> int:
@@ -39,22 +43,24 @@ def transcribe_files(args) -> int:
     transcriber = Transcriber(Path(args.bundle), threads=args.threads, force=args.force)
     failures = 0
     for path in inputs:
-        def progress(tokens, seconds, name=path.name):
-            if tokens % 16 == 0:
-                print(f"\r{name}: {tokens} tokens, {tokens / max(seconds, 1e-9):.1f} tokens/s", end="", file=sys.stderr, flush=True)
+        with ProgressLine() as line:
+            def progress(tokens, seconds, name=path.name):
+                if tokens % TOKENS_PER_UPDATE == 0:
+                    line.update(f"{name}: {tokens} tokens, {tokens / max(seconds, 1e-9):.1f} tokens/s",
+                                tokens // TOKENS_PER_LOG_LINE)
 
-        def encoded(done, total, name=path.name):
-            print(f"\r{name}: encoded {done} of {total} 60 s segments", end="", file=sys.stderr, flush=True)
+            def encoded(done, total, name=path.name):
+                line.update(f"{name}: encoded {done} of {total} 60 s segments", ("encoded", done))
 
-        try:
-            print(f"{path.name}: encoding", file=sys.stderr, flush=True)
-            result = transcribe(transcriber, path, request, progress=progress, on_segment=encoded)
-        except VibeVoiceError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failures += 1
-            continue
-        print(f"\r{path.name}: {len(result.tokens)} tokens, {len(result.segments)} segments, {result.audio_seconds:.2f} s of "
-              f"audio, {result.timings['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
+            try:
+                print(f"{path.name}: encoding", file=sys.stderr, flush=True)
+                result = transcribe(transcriber, path, request, progress=progress, on_segment=encoded)
+            except VibeVoiceError as e:
+                line.done(f"error: {e}")
+                failures += 1
+                continue
+            line.done(f"{path.name}: {len(result.tokens)} tokens, {len(result.segments)} segments, "
+                      f"{result.audio_seconds:.2f} s of audio, {result.timings['tokens_per_second']:.1f} tokens/s")
         if result.note:
             print(f"warning: {path.name}: {result.note}", file=sys.stderr)
         text = render(form, result.segments, result.text, result.raw, result.repetition.as_dict())
