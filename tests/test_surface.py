@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,27 @@ def test_every_commands_help_is_unchanged(monkeypatch):
     text = "".join(f"$ {path} --help\n{parser.format_help()}\n" for path, parser in parsers(build_parser()))
     assert text.count("$ vibevoice-onnx ") >= 20
     matches_snapshot("cli-help.txt", text)
+
+
+def test_every_argument_and_command_says_what_it_is():
+    missing = [f"{path} {action.option_strings or action.metavar or action.dest}"
+               for path, parser in parsers(build_parser()) for action in parser._actions
+               if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()]
+    assert not missing, f"arguments without help text: {missing}"
+    undescribed = [path for path, parser in parsers(build_parser()) if not (parser.description or "").strip()]
+    assert not undescribed, f"commands whose --help does not say what they do: {undescribed}"
+
+
+def test_version_names_the_package_and_onnxruntime():
+    from importlib.metadata import version
+
+    import onnxruntime
+
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith(f"vibevoice-onnx {version('vibevoice-onnx')} (onnxruntime {onnxruntime.__version__}: ")
+    assert "CPU" in done.stdout
 
 
 def test_the_servers_openapi_document_is_unchanged(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, tmp_path):

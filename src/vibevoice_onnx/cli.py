@@ -342,25 +342,30 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vibevoice-onnx",
         description="Turn VibeVoice checkpoints into verified ONNX bundles and run them without PyTorch.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action=_Version, help="print the package's version and onnxruntime's, and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="one of these; `vibevoice-onnx COMMAND --help` lists its options")
 
     p = sub.add_parser("inspect", help="recognise a checkpoint and compare it strictly with its layout")
-    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="a checkpoint folder as the Hub has it (config.json "
+                   "and safetensors shards)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("make-checkpoint", help="write a synthetic checkpoint in the exact hub layout")
-    p.add_argument("kind", choices=KINDS)
-    p.add_argument("out_dir", metavar="OUT_DIR")
-    p.add_argument("--size", choices=["tiny", "full"], default="tiny")
-    p.add_argument("--seed", type=cli_type("seed"), default=0)
+    p.add_argument("kind", choices=KINDS, help="the model to imitate")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (config, shards, tokenizer; for realtime a "
+                   "voice preset under voices/)")
+    p.add_argument("--size", choices=["tiny", "full"], default="tiny", help="tiny: a few MB with the released layout's "
+                   "names and a reduced width and depth, for tests (default); full: the released shapes, for benchmarks")
+    p.add_argument("--seed", type=cli_type("seed"), default=0, help="the random weights' seed (default 0)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="the weights' dtype (default: the hub checkpoint's, bfloat16 for most kinds)")
     p.add_argument("--variant", choices=["1.5b", "7b"], help="asr-streaming: the released size to make (default 1.5b)")
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
-    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="the checkpoint folder to export (torch needed here)")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
                    help="fp32; int8, int4 or int4-mixed weight-only (CPU; int4-mixed: 4 bits only where the "
@@ -388,18 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the parity record as JSON")
     p.set_defaults(func=cmd_verify)
 
-    voices = sub.add_parser("voices", help="import and list a bundle's voices").add_subparsers(dest="voices_command", required=True, metavar="ACTION")
+    voices = sub.add_parser("voices", help="import and list a bundle's voices").add_subparsers(
+        dest="voices_command", required=True, metavar="ACTION", help="import or list")
     p = voices.add_parser("import", help="add a voice: an upstream preset (.pt) to a realtime bundle, an audio sample "
                           "(wav, flac, ogg, mp3; any rate and channels) to a 1.5B bundle")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="the bundle to add the voice to")
     p.add_argument("source", metavar="PRESET_OR_SAMPLE", help="a file, or an http(s) URL (downloaded once into the "
                    "cache; Microsoft's realtime presets are files of its GitHub repository)")
     p.add_argument("--name", help="voice name (default: the file's name without extension)")
     p.add_argument("--force", action="store_true", help="replace a voice of the same name")
     p.set_defaults(func=cmd_voices_import)
     p = voices.add_parser("list", help="show each voice: cached prompt lengths (realtime), seconds and frames (1.5B)")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="the bundle whose voices to list")
+    p.add_argument("--json", action="store_true", help="print them as a JSON list")
     p.set_defaults(func=cmd_voices_list)
 
     p = sub.add_parser("speak", help="synthesise speech with a realtime or 1.5B bundle (no PyTorch needed)")
@@ -407,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p, then="text")
     p.add_argument("text", nargs="?", metavar="TEXT", help="text (realtime) or a script of 'Speaker N: text' lines (1.5B); "
                    "or -f FILE, or standard input")
-    p.add_argument("-f", "--file", metavar="TEXT_FILE")
+    p.add_argument("-f", "--file", metavar="TEXT_FILE", help="read the text or script from this UTF-8 file")
     p.add_argument("--voice", metavar="VOICE", help="realtime: a voice of the bundle (default: the first), or an "
                    "upstream preset (.pt) by path or http(s) URL (downloaded once)")
     p.add_argument("--speaker", action="append", metavar="N=VOICE", help="the voice of script speaker N (repeat for each "
@@ -420,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voice-latents", choices=["sample", "mean"], help="1.5B: draw the voice prompt's σ-VAE noise as "
                    "upstream does (sample, default) or use the encoder mean, for reproducible runs")
     p.add_argument("-o", "--output", metavar="OUT.wav", help="WAV file to write (default speech.wav)")
-    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16")
+    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="pcm16", help="the WAV file's (or --raw "
+                   "stream's) samples: 16-bit integers (default) or 32-bit floats, which keep what passes ±1")
     p.add_argument("--cfg-scale", type=cli_type("cfg_scale"), help="classifier-free guidance, 0 to 20 (default 1.5 realtime, 1.3 1.5B)")
     p.add_argument("--steps", type=cli_type("steps"), help="diffusion steps per latent, 1 to 999 (default 5 realtime, 10 1.5B)")
     p.add_argument("--seed", type=cli_type("seed"), help="noise seed (default: random, reported)")
@@ -437,10 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_speak)
 
     p = sub.add_parser("decode", help="decode saved latents ([frames, 64] .npy) to a WAV in one pass")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
-    p.add_argument("latents", metavar="LATENTS.npy")
-    p.add_argument("-o", "--output", default="decoded.wav", metavar="OUT.wav")
-    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32")
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="a TTS bundle of the model that made the latents")
+    p.add_argument("latents", metavar="LATENTS.npy", help="latents as `speak --save-latents` writes them")
+    p.add_argument("-o", "--output", default="decoded.wav", metavar="OUT.wav", help="the WAV file to write "
+                   "(default decoded.wav)")
+    p.add_argument("--wav-format", choices=["pcm16", "float32"], default="float32", help="16-bit integer or 32-bit "
+                   "float samples (default float32)")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime intra-op threads (default: all cores)")
     p.set_defaults(func=cmd_decode)
 
@@ -473,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("batch", help="many items as a Ray Data job (the cluster extra): synthesize a JSONL of texts, "
                        "or transcribe a folder or JSONL of recordings; resumable, one output and manifest row per item")
-    tasks = p.add_subparsers(dest="task", required=True)
+    tasks = p.add_subparsers(dest="task", required=True, help="what the job does with each item")
     for task, items_help in (("synthesize", "a JSONL file: one {\"id\", \"text\" | \"script\", \"voice\" | "
                               "\"speakers\", and speak's options (seed, cfg_scale, steps, max_frames, wav_format, "
                               "turn_gap, voice_latents)} a line"),
@@ -531,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", nargs="*", metavar="MODEL", help="realtime, 1.5B and ASR models, in any mix: " + MODEL_HELP)
     add_model_options(p, several=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
     p.add_argument("--max-active", type=int, default=4, metavar="N", help="generations running at once (default 4)")
     p.add_argument("--max-batch", type=int, default=4, metavar="N", help="concurrent generations of a bundle batched "
@@ -565,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("push", help="upload a verified bundle to the Hugging Face Hub, with a model card made from "
                        "its manifest (gates, quantization, files, bench numbers)")
-    p.add_argument("bundle", metavar="BUNDLE_DIR")
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="a bundle whose gates passed")
     p.add_argument("repo_id", metavar="REPO_ID", help="ORG/NAME (created if missing)")
     p.add_argument("--private", action="store_true", help="create the repository private")
     p.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if missing; default main)")
@@ -584,19 +593,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser("cache", help="the bundles built from checkpoints on first use ($VIBEVOICE_ONNX_HOME, "
                            "default ~/.cache/vibevoice-onnx)").add_subparsers(dest="cache_command", required=True,
-                                                                              metavar="ACTION")
+                                                                              metavar="ACTION", help="list or remove")
     p = cache.add_parser("list", help="each cached bundle: its source, kind, variant, size and verdict")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print them as a JSON list")
     p.set_defaults(func=cmd_cache_list)
     p = cache.add_parser("remove", help="free a source's cached bundles")
     p.add_argument("ref", metavar="REF", help="ORG/NAME (its bundles of every commit), ORG/NAME@REVISION, a "
                    "checkpoint directory, or a bundle's path")
     p.set_defaults(func=cmd_cache_remove)
 
-    p = sub.add_parser("demo", help="run the main job on a tiny synthetic realtime checkpoint")
+    p = sub.add_parser("demo", help="the whole path on a tiny synthetic VibeVoice-Realtime checkpoint (about a minute): "
+                       "make it, inspect it, build the ONNX bundle, import a voice, verify against PyTorch, speak "
+                       "a sentence into WORKDIR/speech.wav")
     p.add_argument("--workdir", default="demo", help="where the checkpoint and outputs go (default ./demo)")
     p.set_defaults(func=cmd_demo)
+    _describe_commands(parser)
     return parser
+
+
+def _describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Each command's own --help opens with what the list of commands says of it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for listed in action._choices_actions:
+                command = action.choices[listed.dest]
+                command.description = command.description or listed.help
+                _describe_commands(command)
+
+
+class _Version(argparse.Action):
+    """--version: read when asked, so that other commands do not import onnxruntime to build their parser."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """This package's version, onnxruntime's and its execution providers (which tell a GPU build from a CPU one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("vibevoice-onnx")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        ours = "(not installed)"
+    import onnxruntime
+
+    providers = ", ".join(p.removesuffix("ExecutionProvider") for p in onnxruntime.get_available_providers())
+    return f"vibevoice-onnx {ours} (onnxruntime {onnxruntime.__version__}: {providers})"
 
 
 class Terminated(KeyboardInterrupt):
