@@ -2,6 +2,8 @@
 
 import io
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import ml_dtypes
@@ -102,6 +104,24 @@ def test_files_that_are_not_presets(tmp_path):
     (tmp_path / "other.pt").write_bytes(buffer.getvalue())
     with pytest.raises(VibeVoiceError, match="holds lm, tts_lm, neg_lm, neg_tts_lm"):
         read_upstream_preset(tmp_path / "other.pt")
+
+
+def test_a_recording_given_as_a_realtime_voice_says_what_a_realtime_voice_is(tiny_bundle, tmp_path):
+    from vibevoice_onnx.cli import main
+
+    from conftest import write_voice_sample
+
+    recording = write_voice_sample(tmp_path / "me.wav")
+    said = (f"{recording}: is a WAV recording, but a realtime voice is a preset: the cached prompt "
+            "upstream's tools save as a .pt file")
+    cloners = "a voice cloned from audio is what VibeVoice-1.5B and VibeVoice-Large (7B) do"
+    with pytest.raises(VibeVoiceError) as refused:
+        read_upstream_preset(recording)
+    assert str(refused.value).startswith(said) and str(refused.value).endswith(cloners)
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "speak", str(tiny_bundle), "Hello.", "--voice",
+                           str(recording), "-o", str(tmp_path / "x.wav")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {said}") and cloners in done.stderr, done.stderr
+    assert not (tmp_path / "x.wav").exists()
 
 
 def test_synthetic_preset_round_trips_the_computed_caches(realtime_reference, tiny_checkpoints, tmp_path):

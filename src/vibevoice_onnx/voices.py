@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import VibeVoiceError
+from .families import FAMILIES
 
 PROMPT_ENTRIES = ("lm", "tts_lm", "neg_lm", "neg_tts_lm")
 
@@ -127,7 +128,7 @@ def _read_pickle(path: Path) -> dict:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
-        raise VibeVoiceError(f"{path}: not a torch zip archive ({e})") from None
+        raise VibeVoiceError(_not_a_preset(path, e)) from None
     with archive:
         pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
@@ -141,6 +142,21 @@ def _read_pickle(path: Path) -> dict:
             raise VibeVoiceError(f"{path}: refused to load: {e}") from None
         except Exception as e:
             raise VibeVoiceError(f"{path}: the preset pickle is malformed ({type(e).__name__}: {e})") from None
+
+
+def _not_a_preset(path: Path, error: Exception) -> str:
+    """Why `path` is no preset, in the words its user needs: a recording given for a realtime voice is the usual
+    case (voices cloned from audio are another kind's)."""
+    import soundfile as sf
+
+    try:
+        audio = sf.info(str(path))
+    except Exception:  # noqa: BLE001 - libsndfile's own error types: it is not audio either
+        return f"{path}: not a torch zip archive ({error})"
+    cloners = " and ".join(f.title for f in FAMILIES if f.voices == "audio")
+    return (f"{path}: is a {audio.format} recording, but a realtime voice is a preset: the cached prompt "
+            "upstream's tools save as a .pt file (Microsoft's demo/voices/streaming_model/*.pt), imported with "
+            f"`vibevoice-onnx voices import`; a voice cloned from audio is what {cloners} do")
 
 
 @dataclass
