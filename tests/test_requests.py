@@ -83,6 +83,70 @@ def test_a_dialogue_option_on_plain_text_reads_the_same_from_every_front_end(tin
         said.format('"turn_gap"', '"speakers": {"N": VOICE}')
 
 
+CONTROLS = "\u0000\u0001\u0002\r\x7f\x85"  # control characters, none a newline or a tab
+NOTHING = "{} has nothing to speak (it is empty, or only whitespace and control characters)"
+
+
+def test_nothing_speakable_is_refused_alike_by_every_front_end(tiny_bundle, tiny_15b_bundle, tmp_path, capsys):
+    """Text of control characters alone was spoken (exit 0, a 200) while whitespace alone was refused: now both are
+    nothing to speak, in one sentence, from the command line, HTTP, the speech socket, a batch item and the API."""
+    import vibevoice_onnx
+    from vibevoice_onnx.errors import VibeVoiceError
+
+    for text in (CONTROLS, " \t\n" + CONTROLS + " "):
+        assert cli_error(capsys, tmp_path, tiny_bundle, text) == NOTHING.format("the text")
+        assert http_error(tiny_bundle, {"input": text}, "input") == NOTHING.format("input")
+        assert item_error(tiny_bundle, tmp_path, {"text": text}) == NOTHING.format('"text"')
+        assert http_error(tiny_15b_bundle, {"input": text, "voice": "alice"}, "input") == NOTHING.format("input")
+        assert item_error(tiny_15b_bundle, tmp_path, {"script": text, "voice": "alice"}) == NOTHING.format('"text"')
+        with pytest.raises(VibeVoiceError, match=NOTHING.format("the text").replace("(", r"\(").replace(")", r"\)")):
+            vibevoice_onnx.open(str(tiny_bundle)).create(text, voice="synthetic", max_frames=2)
+        with pytest.raises(VibeVoiceError, match="the script has nothing to speak"):
+            vibevoice_onnx.open(str(tiny_15b_bundle)).create(text, "alice", max_frames=2)
+    with TestClient(create_app(Models.open([tiny_bundle]), Settings())) as client:
+        with client.websocket_connect("/v1/audio/speech/stream") as socket:
+            socket.send_json({"model": "tts-1", "max_frames": 2})
+            socket.send_json({"type": "input_text.delta", "delta": CONTROLS})
+            socket.send_json({"type": "input_text.done"})
+            event = socket.receive_json()
+    assert event["type"] == "error" and event["error"]["message"] == NOTHING.format("the text"), event
+    import subprocess
+    import sys
+
+    streamed = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "speak", str(tiny_bundle), "--stream-input",
+                               "--max-frames", "2", "-o", str(tmp_path / "x.wav")], input=CONTROLS,
+                              capture_output=True, text=True, timeout=120)
+    assert streamed.returncode == EXIT_ERROR and streamed.stderr.count("error:") == 1, streamed.stderr
+    assert streamed.stderr.endswith(f"error: {NOTHING.format('the text')}\n") and not (tmp_path / "x.wav").exists()
+
+
+def test_control_characters_inside_a_text_are_removed_before_it_is_spoken(tiny_bundle, tmp_path, capsys):
+    """"Hel\\x00lo" is spoken as "Hello" by every front-end: the same audio, sample for sample."""
+    import numpy as np
+    import soundfile as sf
+
+    import vibevoice_onnx
+    from vibevoice_onnx.audio import to_pcm16
+
+    clean, dirty = "Hello there.\nBye.", "He\u0000llo\x1b there.\r\nBye.\u0007"
+    tts = vibevoice_onnx.open(str(tiny_bundle))
+    expected, _ = tts.create(clean, voice="synthetic", seed=3, max_frames=4)
+    assert np.array_equal(tts.create(dirty, voice="synthetic", seed=3, max_frames=4)[0], expected)
+    streamed = tts.text_stream("synthetic", seed=3, max_frames=4)
+    for piece in (dirty[:3], dirty[3:9], dirty[9:]):
+        streamed.feed(piece)
+    streamed.finish()
+    assert np.array_equal(np.concatenate([chunk.samples for chunk in streamed]), expected)
+    assert main(["speak", str(tiny_bundle), dirty, "--seed", "3", "--max-frames", "4", "--wav-format", "float32",
+                 "-o", str(tmp_path / "cli.wav")]) == 0
+    assert np.array_equal(sf.read(str(tmp_path / "cli.wav"), dtype="float32")[0], expected)
+    with TestClient(create_app(Models.open([tiny_bundle]), Settings())) as client:
+        response = client.post("/v1/audio/speech", json={"model": "tts-1", "input": dirty, "seed": 3, "max_frames": 4,
+                                                         "response_format": "pcm"})
+    assert response.status_code == 200
+    np.testing.assert_array_equal(np.frombuffer(response.content, "<i2"), to_pcm16(expected))
+
+
 def test_an_items_voices_reach_the_model_as_given(tiny_15b_bundle, tmp_path, monkeypatch):
     """A voice file whose name looks like N=VOICE is a file, not Speaker 2's voice: an item's voice and speakers
     go to the model as they are, never through `--speaker` strings parsed back."""

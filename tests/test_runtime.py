@@ -197,7 +197,7 @@ def test_text_from_a_file(tiny_bundle, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["   \n "], "the text is empty"),
+        (["   \n "], "the text has nothing to speak"),
         ([TEXT, "--voice", "nobody"], "has no voice 'nobody' (available: synthetic)"),
         ([TEXT, "--seed", "1", "--noise", "n.npy"], "either --seed or --noise"),
     ],

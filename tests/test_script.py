@@ -24,8 +24,8 @@ def test_plain_text_is_one_speaker_line_by_line():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("", "the script is empty"),
-    ("Speaker 1:   \nSpeaker 2:", "the script is empty"),
+    ("", "the script has nothing to speak"),
+    ("Speaker 1:   \nSpeaker 2:", "the script has nothing to speak"),
     ("An intro.\nSpeaker 1: Hi.", "script line 1 has no 'Speaker N:' label and no labelled line before it"),
     ("Speaker 1: A.\nSpeaker 3: C.", "Speaker 2 never speaks"),
     ("Speaker 2: B.\nSpeaker 3: C.", "Speaker 1 never speaks"),

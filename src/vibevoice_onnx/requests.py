@@ -16,6 +16,7 @@ from .errors import VibeVoiceError
 from .families import family
 from .options import LIMITS, check
 from .script import has_labels, parse_script
+from .text import NOTHING_TO_SPEAK, speakable
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class SpeechRequest:
         if self.text is not None and self.max_chars is not None and len(self.text) > self.max_chars:
             raise RequestError("text", f"{{field}} is {len(self.text)} characters long, over the limit of "
                                        f"{self.max_chars}")
+        if self.text is not None:  # a streamed text may start empty: its pieces are cleaned as they come
+            self.text = speakable(self.text) if self.text_stream else spoken_text(self.text)
         if self.voice is not None and (not isinstance(self.voice, str) or not self.voice.strip()):
             raise RequestError("voice", f"{{field}} must name a voice, got {self.voice!r}")
         if self.voice_latents not in (None, "sample", "mean"):
@@ -100,6 +103,16 @@ class SpeechRequest:
                         or not isinstance(voice, str) or not voice.strip():
                     raise RequestError("speakers", "{field} maps each speaker's number to a voice: "
                                                    "{\"1\": \"alice\", \"2\": \"bob\"}")
+
+
+def spoken_text(text: str) -> str:
+    """The one text rule of every front-end (the command line, HTTP, the websockets, batch items; the Python API's
+    runtime applies the same `speakable`): control characters other than newline and tab are removed, and a text
+    with nothing left to speak is refused, naming the field."""
+    cleaned = speakable(text)
+    if not cleaned.strip():
+        raise RequestError("text", "{field} " + NOTHING_TO_SPEAK, code="empty_input")
+    return cleaned
 
 
 @dataclass

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import VibeVoiceError
-from .text import special_ids
+from .text import NOTHING_TO_SPEAK, speakable, special_ids
 
 SYSTEM_PROMPT = (
     " Transform the text provided by various speakers into speech output, utilizing the distinct voice of each "
@@ -43,6 +43,7 @@ def has_labels(text: str) -> bool:
 
 
 def parse_script(text: str) -> Script:
+    text = speakable(text)
     raw_lines = text.splitlines()
     plain = not has_labels(text)
     lines: list[list] = []
@@ -61,7 +62,7 @@ def parse_script(text: str) -> Script:
             raise VibeVoiceError(f"script line {index} has no 'Speaker N:' label and no labelled line before it")
     lines = [(number, words) for number, words in lines if words]
     if not lines:
-        raise VibeVoiceError("the script is empty: give some text to speak")
+        raise VibeVoiceError(f"the script {NOTHING_TO_SPEAK}")
     numbers = sorted({number for number, _ in lines})
     offset = 1 if numbers[0] > 0 else 0
     missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))

@@ -13,16 +13,26 @@ SPEECH_WINDOW = 6  # speech frames generated after each text window
 
 # The demo replaces these typographic quotes (U+2019, U+201C, U+201D) before tokenising; U+2018 is left alone.
 _QUOTES = {"\u2019": "'", "\u201c": '"', "\u201d": '"'}
+# Control characters (Unicode's Cc) other than newline and tab: nothing a voice can say, removed from every text.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+NOTHING_TO_SPEAK = "has nothing to speak (it is empty, or only whitespace and control characters)"
+
+
+def speakable(text: str) -> str:
+    """The text rule every input goes through: control characters other than newline and tab removed (each
+    character on its own, so a text fed in pieces is cleaned as the whole would be)."""
+    return _CONTROLS.sub("", text)
 
 
 def normalise_tts_text(text: str) -> str:
-    """strip, replace the demo's quotes, then `text.strip() + "\\n"` as the processor does."""
-    text = text.strip()
+    """Control characters removed (`speakable`), then as upstream: strip, replace the demo's quotes, then
+    `text.strip() + "\\n"` as the processor does."""
+    text = speakable(text).strip()
     for old, new in _QUOTES.items():
         text = text.replace(old, new)
     text = text.strip()
     if not text:
-        raise VibeVoiceError("the text is empty: give some text to speak")
+        raise VibeVoiceError(f"the text {NOTHING_TO_SPEAK}")
     return text + "\n"
 
 
@@ -111,7 +121,7 @@ class TextFeed:
                 raise VibeVoiceError("this text is already finished: no more pieces can be added")
             if self.max_chars is not None and len(self._text) + len(piece) > self.max_chars:
                 raise VibeVoiceError(f"the text is longer than the limit of {self.max_chars} characters")
-            self._text += piece
+            self._text += speakable(piece)
             self._settle()
             self._ready.notify_all()
 

@@ -120,8 +120,8 @@ def item_request(item: dict, kind: str) -> SpeechRequest:
     """A synthesis item as the request layer's request: {"text" | "script", "voice" | "speakers": {N: VOICE}, and
     speak's options}; a long-form bundle's "voice" is its script's one speaker."""
     text = item.get("text", item.get("script"))
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("text", "the item has no text: give {text} (or {script}) as a non-empty string")
+    if not isinstance(text, str):
+        raise RequestError("text", "the item has no text: give {text} (or {script}) as a string")
     speakers, voice = item.get("speakers"), item.get("voice")
     long_form = family(kind).capabilities.long_form
     if speakers is not None:

@@ -20,7 +20,7 @@ from ..errors import VibeVoiceError
 from ..outputs import atomic_file, check_output_file, os_error_or
 from ..requests import SpeechRequest, start_speech
 from ..runtime.speech import Speech, open_tts
-from ..text import SPEECH_WINDOW
+from ..text import SPEECH_WINDOW, TextCancelled
 from .progress import ProgressLine
 
 WAV_SUBTYPES = {"pcm16": "PCM_16", "float32": "FLOAT"}
@@ -138,8 +138,9 @@ def speech_request(text: str | None, options: SpeakOptions) -> SpeechRequest:
         noise=options.noise, text_stream=options.stream_input)
 
 
-def _feed_stdin(speech) -> None:
-    """Feed standard input to a text stream as it arrives (an LLM piping its answer), then finish it."""
+def _feed_stdin(speech, failures: list) -> None:
+    """Feed standard input to a text stream as it arrives (an LLM piping its answer), then finish it. A text that
+    cannot be spoken (nothing in it to speak) stops the generation, and `failures` holds why."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
     try:
@@ -147,8 +148,8 @@ def _feed_stdin(speech) -> None:
             speech.feed(decoder.decode(piece))
         speech.feed(decoder.decode(b"", final=True))
         speech.finish()
-    except VibeVoiceError as e:  # an empty text: the loop, waiting, is told why
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except VibeVoiceError as e:
+        failures.append(e)
         speech.close()
 
 
@@ -170,8 +171,9 @@ def speak_with(tts, request: SpeechRequest, options: SpeakOptions, log=None, loa
     load_start = time.perf_counter() if load_start is None else load_start
     started = start_speech(tts, request)
     speech, described, preparing = started.speech, started.described, started.preparing
+    feeding_failed: list[VibeVoiceError] = []
     if request.text_stream:
-        threading.Thread(target=_feed_stdin, args=(speech,), daemon=True).start()
+        threading.Thread(target=_feed_stdin, args=(speech, feeding_failed), daemon=True).start()
     load_seconds = time.perf_counter() - load_start
     randomness = [f"seed {speech.seed}"] if speech.seed is not None else []
     if options.noise is not None:
@@ -186,10 +188,15 @@ def speak_with(tts, request: SpeechRequest, options: SpeakOptions, log=None, loa
     speech.result.keep_audio = False  # written as it comes: a long text's audio is not held
     with ExitStack() as outputs, ProgressLine() as progress:  # the files are committed together, if it completes
         sink = _AudioSink(options, tts.sample_rate, outputs)
-        for chunk in speech:
-            sink.write(chunk.samples)
-            if log is not None:
-                _progress(progress, speech)
+        try:
+            for chunk in speech:
+                sink.write(chunk.samples)
+                if log is not None:
+                    _progress(progress, speech)
+        except TextCancelled:
+            if feeding_failed:  # the generation stopped because its text could not be read: say why
+                raise feeding_failed[0] from None
+            raise
         if options.save_latents is not None:
             with open(outputs.enter_context(atomic_file(options.save_latents, "saving the latents")), "wb") as f:
                 np.save(f, np.asarray(speech.result.latents, np.float32).reshape(-1, tts.latent_size))

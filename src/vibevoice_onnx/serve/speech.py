@@ -7,7 +7,7 @@ import base64
 import threading
 from dataclasses import dataclass
 
-from ..requests import RequestError, SpeechRequest, is_script, start_speech
+from ..requests import RequestError, SpeechRequest, is_script, spoken_text, start_speech
 from ..runtime.speech import Speech
 from ..script import parse_script
 from .codec import FORMATS, StreamEncoder
@@ -48,8 +48,11 @@ def parse_speech(body, models: Models, max_chars: int, max_frames: int | None = 
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     model = served_model(models, take(body, "model", str, required=True), "tts")
     text = take(body, "input", str, required=text_required, max_length=max_chars, default="")
-    if text_required and not text.strip():
-        raise ApiError(400, "'input' is empty: give some text to speak", param="input", code="empty_input")
+    if text_required:  # before the voices are matched to the script's speakers
+        try:
+            text = spoken_text(text)
+        except RequestError as e:
+            raise api_error(e) from None
     speed = take(body, "speed", float, default=1.0)
     if not 0.25 <= speed <= 4.0:
         raise ApiError(400, f"'speed' must be from 0.25 to 4.0, got {speed:g}", param="speed", code="invalid_value")
