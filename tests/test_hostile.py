@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 MAX_FRAMES = 16  # the server's cap: fuzzed requests that speak stay short
+MAX_UPLOAD_MB = 5  # the server's upload limit: the over-limit tests send 6 MB
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -34,7 +36,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def server(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, tmp_path_factory):
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     running = Server([tiny_bundle, tiny_15b_bundle, tiny_asr_bundle], log, "--max-frames", str(MAX_FRAMES),
-                     "--max-input-chars", "300", "--body-timeout", "5")
+                     "--max-input-chars", "300", "--body-timeout", "5", "--max-upload-mb", str(MAX_UPLOAD_MB))
     yield running
     assert running.stop() == 0, log.read_text()  # and no traceback (Server.stop)
     assert " failed: " not in log.read_text(), log.read_text()  # nor a failure's one line: no 5xx
@@ -85,6 +87,109 @@ def test_a_body_is_bounded_before_it_is_parsed(server, body, words):
         assert status == 200  # brackets inside a string are not depth, and a surrogate pair is text
         return
     assert status == 400 and words in openai_error(answer)["message"]
+
+
+# ---- bodies over the limit: the 413 reaches every client, and no client holds the connection ----
+
+def multipart(fields: dict, file_field: str, size: int) -> tuple[bytes, str]:
+    """A multipart form whose file field holds `size` random bytes, and its content type."""
+    import os
+
+    boundary = "vibevoice-test-boundary"
+    parts = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+                     for name, value in fields.items())
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{file_field}"; filename="big.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\n").encode()
+    return parts + head + os.urandom(size) + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+OVER = (MAX_UPLOAD_MB + 1) * 2**20
+TOO_LARGE = f"the upload is larger than the limit of {MAX_UPLOAD_MB} MB"
+
+
+@pytest.mark.parametrize("path, fields, file_field", [
+    ("/v1/audio/transcriptions", {"model": "whisper-1"}, "file"),
+    ("/v1/audio/voices", {"name": "big"}, "audio_sample"),
+])
+def test_a_client_that_sends_its_whole_body_first_reads_the_413(server, path, fields, file_field):
+    """urllib (and http.client under it) sends the whole body before it reads a byte of the answer: the server reads
+    and discards the rest of an over-limit body before it answers, so that client gets the 413 and its sentence, not
+    a connection reset (the server used to answer and close while the body was still arriving)."""
+    body, content_type = multipart(fields, file_field, OVER)
+    status, answer = post(server, path, body, content_type)
+    assert status == 413 and openai_error(answer)["message"] == TOO_LARGE
+    chunked = urllib.request.Request(server.url + path, data=iter([body[:2**20], body[2**20:]]), method="POST",
+                                     headers={**AUTH, "content-type": content_type, "transfer-encoding": "chunked"})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # no Content-Length: refused as the limit is passed
+        urllib.request.urlopen(chunked, timeout=60)
+    assert refused.value.code == 413 and openai_error(refused.value.read())["message"] == TOO_LARGE
+    speech = json.dumps({"model": "tts-1", "input": "x" * 2**20}).encode()  # past the speech body's own limit
+    status, answer = post(server, "/v1/audio/speech", speech)
+    assert status == 413 and "is larger than the limit" in openai_error(answer)["message"]
+
+
+def test_curl_and_the_openai_client_read_the_413_of_an_upload_over_the_limit(server, tmp_path):
+    import openai
+
+    big = tmp_path / "big.wav"
+    big.write_bytes(b"\0" * OVER)
+    done = subprocess.run(["curl", "-sS", "-o", str(tmp_path / "answer.json"), "-w", "%{http_code}",
+                           "-H", f"Authorization: Bearer {KEY}", "-F", "model=whisper-1", "-F", f"file=@{big}",
+                           server.url + "/v1/audio/transcriptions"], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "413", done.stderr
+    assert openai_error((tmp_path / "answer.json").read_bytes())["message"] == TOO_LARGE
+    with pytest.raises(openai.APIStatusError) as refused, open(big, "rb") as audio:
+        server.client().audio.transcriptions.create(model="whisper-1", file=audio)
+    assert refused.value.status_code == 413 and TOO_LARGE in refused.value.message
+
+
+@pytest.mark.parametrize("answer", [413, 400])
+def test_an_endless_body_is_cut_off_after_a_bounded_amount(server, answer):
+    """What is left of a body answered early (a 413 past the limit, a 400 for a form that is no form) is read only
+    up to a bound: a client that keeps sending is cut off once it is passed, and cannot hold the connection (uvicorn
+    would read and discard it for as long as it came)."""
+    from vibevoice_onnx.serve.http import LINGER_BYTES
+
+    form, content_type = multipart({"model": "whisper-1"}, "file", 0)
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: {content_type}\r\nTransfer-Encoding: chunked")
+    start = form[: form.rindex(b"\r\n--")] if answer == 413 else b"not a form"  # then zeros that never end
+    before = transcription_lines(server)
+    connection = raw_request(server, head, b"%x\r\n%s\r\n" % (len(start), start))
+    chunk, sent, reply = b"%x\r\n%s\r\n" % (2**20, b"\0" * 2**20), 0, b""
+    with pytest.raises(OSError):  # a reset or a broken pipe: the server closed the connection
+        while sent < 4 * LINGER_BYTES:
+            connection.sendall(chunk)
+            sent += 2**20
+            if select.select([connection], [], [], 0)[0]:
+                reply += connection.recv(65536)
+    connection.close()
+    assert sent < MAX_UPLOAD_MB * 2**20 + LINGER_BYTES + 16 * 2**20, sent  # the bound, and the sockets' buffers
+    # the answer went out before the close, but the reset of the bytes still arriving may discard it before the
+    # client reads it: the log says what it was
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 %d" % answer) and b"connection: close" in reply.lower(), reply
+    deadline = time.monotonic() + 30
+    while len(logged := transcription_lines(server)) == len(before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(logged) == len(before) + 1 and f"status={answer}" in logged[-1], logged[len(before):]
+
+
+def transcription_lines(server) -> list[str]:
+    return [line for line in server.log.read_text().splitlines() if "POST /v1/audio/transcriptions" in line]
+
+
+def test_a_client_that_waits_for_100_continue_is_answered_at_once_and_never_invited_to_send(server):
+    """curl asks before it sends a large body (Expect: 100-continue): a body over the limit is refused then and
+    there, and the server never sends the `100 Continue` that would make the client send it all."""
+    content_type = multipart({"model": "whisper-1"}, "file", 0)[1]
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {OVER}\r\nExpect: 100-continue")
+    connection = raw_request(server, head, b"")
+    reply = b""
+    while b"\r\n\r\n" not in reply and (data := connection.recv(4096)):
+        reply += data
+    connection.close()
+    assert reply.startswith(b"HTTP/1.1 413") and b"connection: close" in reply.lower(), reply
 
 
 def test_a_body_shorter_than_its_length_from_a_client_that_leaves_is_one_line(server):

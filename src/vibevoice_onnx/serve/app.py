@@ -35,8 +35,8 @@ from . import schema
 from . import speech as speech_route
 from . import transcriptions as asr_route
 from .fields import served_model
-from .http import (Admission, ApiError, ClientGone, Pump, bounded, read_json, receive_message, sse_event,
-                   with_timeout)
+from .http import (Admission, ApiError, ClientGone, Pump, RequestBody, bounded, read_json, receive_message, sse_event,
+                   too_large, with_timeout)
 from .models import Models
 from .web import add_page_routes, is_open
 
@@ -159,30 +159,34 @@ class _State:
 
 class _Guarded(FastAPI):
     """The app behind a last line of defence: every request and socket gets an id (the `x-request-id` header,
-    and every log line of it), and an exception that reaches the top is one log line (its traceback at debug
-    level) and a 500 in OpenAI's shape, or a close with 1011, never a traceback through uvicorn."""
+    and every log line of it); an answer given before its request's body was read reaches the client all the same
+    (RequestBody.settle); and an exception that reaches the top is one log line (its traceback at debug level) and
+    a 500 in OpenAI's shape, or a close with 1011, never a traceback through uvicorn."""
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await super().__call__(scope, receive, send)
         request_id = scope.setdefault(REQUEST_ID, uuid.uuid4().hex[:12])
         started = False
+        body = RequestBody(receive, scope.get("headers", [])) if scope["type"] == "http" else None
 
         async def send_with_id(message):
             nonlocal started
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                if not await body.settle(message["status"]):  # answered before the body was read: see RequestBody
+                    message["headers"].append((b"connection", b"close"))
             started = started or message["type"] in ("http.response.start", "websocket.accept", "websocket.close")
             await send(message)
 
         try:
-            await super().__call__(scope, receive, send_with_id)
+            await super().__call__(scope, body.receive if body else receive, send_with_id)
         except Exception as error:  # noqa: BLE001 - the point of this class
             if not scope.get(LOGGED):
                 log_failure(scope, "the request", error)
             if not started:
                 with contextlib.suppress(Exception):  # the client may be gone too
-                    await _answer_failure(scope, send)
+                    await _answer_failure(scope, send_with_id)
 
 
 async def _answer_failure(scope, send) -> None:
@@ -532,10 +536,12 @@ async def _form(request: Request, state: _State, max_files: int = 1):
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise ApiError(400, "send the upload as multipart/form-data (a 'file' field and the other fields)",
                        code="invalid_content_type")
+    refusal = too_large("the upload", state.settings.max_upload_mb)
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"the upload is larger than the limit of {state.settings.max_upload_mb:g} MB", code="too_large")
-    parser = MultiPartParser(request.headers, bounded(request.stream(), limit), max_files=max_files, max_fields=64)
+        raise refusal
+    parser = MultiPartParser(request.headers, bounded(request.stream(), limit, refusal), max_files=max_files,
+                             max_fields=64)
     try:
         return await with_timeout(parser.parse(), state.settings.body_timeout)
     except MultiPartException as e:

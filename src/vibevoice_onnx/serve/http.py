@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from typing import Any, AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse
@@ -17,6 +18,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: 
                408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
                429: "rate_limit_error", 500: "server_error", 503: "server_error", 507: "server_error"}
 MAX_JSON_DEPTH = 32  # our bodies nest 3 levels; json.loads recurses once a level and fails near 1000
+LINGER_BYTES = 256 * 2**20  # of a body answered before it was read, read and discarded first (RequestBody.settle)
+LINGER_SECONDS = 10.0  # in all
+LINGER_IDLE_SECONDS = 2.0  # without a byte of it: the client is not sending (nginx's lingering_timeout)
 
 
 class ApiError(Exception):
@@ -145,13 +149,66 @@ async def receive_message(websocket, timeout: float | None, binary: bool = False
     return value
 
 
-async def bounded(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+async def bounded(stream: AsyncIterator[bytes], limit: int, refusal: ApiError | None = None) -> AsyncIterator[bytes]:
+    """`stream` as it comes, refused once it passes `limit` bytes (`refusal`, default a 413 naming the limit); the
+    rest of the body is the server's to read or close on (RequestBody.settle)."""
     size = 0
     async for chunk in stream:
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, f"the request is larger than the limit of {limit / 2**20:g} MB", code="too_large")
+            raise refusal or too_large("the request", limit / 2**20)
         yield chunk
+
+
+def too_large(what: str, megabytes: float) -> ApiError:
+    return ApiError(413, f"{what} is larger than the limit of {megabytes:g} MB", code="too_large")
+
+
+class RequestBody:
+    """A request's ASGI `receive`, watched, so that an answer given before the body is read (a 413 over the limit, a
+    401, a malformed form) still reaches the client (`settle`)."""
+
+    def __init__(self, receive, headers: list[tuple[bytes, bytes]]):
+        self._receive, self.headers = receive, dict(headers)
+        self.started = self.ended = False  # some of the body came / all of it did (or the client left)
+        self.received = 0  # bytes of it
+
+    async def receive(self):
+        message = await self._receive()
+        self.started = True
+        self.received += len(message.get("body", b""))
+        self.ended = self.ended or message["type"] == "http.disconnect" or not message.get("more_body", False)
+        return message
+
+    async def settle(self, status: int) -> bool:
+        """Read and discard what is left of the body, at most LINGER_BYTES for at most LINGER_SECONDS (and while it
+        keeps coming), as the answer `status` starts (nginx's lingering close); whether the connection can stay
+        open (False: the answer must close it).
+
+        A client that sends its whole body before it reads the answer (Python's urllib and http.client) otherwise
+        meets a connection reset instead of the answer: the server closes while the body still arrives, and the
+        kernel answers those bytes with a reset that discards what the server sent. Past the bounds the answer
+        closes the connection (uvicorn would otherwise read and discard the rest for as long as it comes), so no
+        client holds it with an endless body. A client waiting for `100 Continue` has sent nothing, and a 408's
+        client too little: each is answered at once (the first never invited to send)."""
+        if self.ended:
+            return True
+        if status == 408:
+            return False
+        declared = self.headers.get(b"content-length", b"")
+        waiting = not self.started and self.headers.get(b"expect", b"").lower() == b"100-continue"
+        if waiting or declared.isdigit() and int(declared) - self.received > LINGER_BYTES:
+            return False
+        bound, deadline = self.received + LINGER_BYTES, time.monotonic() + LINGER_SECONDS
+        while not self.ended:
+            wait = min(LINGER_IDLE_SECONDS, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(self.receive(), max(wait, 0))
+            except asyncio.TimeoutError:
+                return False
+            if self.received > bound:
+                return False
+        return True
 
 
 async def _collect(stream: AsyncIterator[bytes]) -> bytes:
