@@ -44,6 +44,16 @@ def leftovers(out: Path) -> list[Path]:
     return [p for p in out.rglob("*") if ".partial-" in p.name]
 
 
+def snapshot(out: Path) -> dict:
+    """Every file and folder under `out`, as a rerun may not change it: bytes, modification time and inode."""
+    return {str(p.relative_to(out)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns, p.stat().st_ino)
+            for p in [out, *out.rglob("*")]}
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+
+
 def synthesis_items(count: int) -> list[dict]:
     return [{"id": f"item-{k:02d}", "text": TEXTS[k % len(TEXTS)], "seed": 100 + k, "max_frames": 3 + k % 3}
             for k in range(count)]
@@ -66,7 +76,7 @@ def test_a_synthesis_job_gives_speaks_audio_once_per_item_and_a_rerun_writes_not
     assert [row["id"] for row in rows] == [item["id"] for item in items + bad]  # one row each, in the items' order
     errors = {row["id"]: row["error"] for row in rows if row["status"] == "error"}
     assert set(errors) == {"empty", "no-voice", "typo"}
-    assert "no text" in errors["empty"] and "nobody" in errors["no-voice"] and "unknown field txt" in errors["typo"]
+    assert "nothing to speak" in errors["empty"] and "nobody" in errors["no-voice"] and "unknown field txt" in errors["typo"]
     tts = RealtimeTTS(tiny_bundle)
     for item, row in zip(items, rows):
         audio, _ = tts.create(item["text"], "synthetic", seed=item["seed"], max_frames=item["max_frames"])
@@ -79,6 +89,19 @@ def test_a_synthesis_job_gives_speaks_audio_once_per_item_and_a_rerun_writes_not
     assert again["skipped"] == 40 and again["made"] == 3  # only the failed items are tried again
     assert {p: p.stat().st_mtime_ns for p in (out / "audio").iterdir()} == times  # nothing complete rewritten
     assert [row["id"] for row in manifest(out)] == [row["id"] for row in rows]  # still one row per item
+    # the failed items mended: the rerun makes them, and changes what they change and nothing else
+    mended = [{"id": "empty", "text": "Now some text.", "seed": 1, "max_frames": 2},
+              {"id": "no-voice", "text": "Hi.", "voice": "synthetic", "seed": 2, "max_frames": 2},
+              {"id": "typo", "text": "Hi.", "seed": 3, "max_frames": 2}]
+    before = snapshot(out)
+    third = run_job("synthesize", tiny_bundle, write_items(path, items + mended), out, workers=2, log=lambda line: None)
+    assert third["made"] == 3 and third["failed"] == 0
+    assert changed(before, snapshot(out)) == {".", "audio", "rows", "manifest.jsonl", "manifest.parquet"} | {
+        f"{folder}/{item['id']}.{suffix}" for item in mended for folder, suffix in (("audio", "wav"), ("rows", "json"))}
+    # and a rerun of the finished job changes no file at all, the manifests included
+    before = snapshot(out)
+    fourth = run_job("synthesize", tiny_bundle, path, out, workers=2, log=lambda line: None)
+    assert fourth["made"] == 0 and changed(before, snapshot(out)) == set()
 
 
 def speech_files(folder: Path, count: int) -> list[Path]:
@@ -153,6 +176,9 @@ def test_a_worker_that_dies_mid_job_is_replaced_and_its_item_redone_once(cluster
     # which one is Ray's timing, so either is right)
     dead = (out / "died-once").read_text()
     assert next(row["worker"] for row in rows if row["id"] == "item-07").split("/")[-1] != dead
+    before = snapshot(out)  # a rerun of the job its killed worker did not stop changes no file
+    again = run_job("synthesize", tiny_bundle, out.parent / "items.jsonl", out, workers=2, log=lambda line: None)
+    assert again["made"] == 0 and changed(before, snapshot(out)) == set()
 
 
 def test_what_would_make_the_whole_job_wrong_stops_it_before_any_worker(tiny_bundle, tiny_asr_bundle, tmp_path):

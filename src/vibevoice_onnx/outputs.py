@@ -143,6 +143,19 @@ def atomic_file(target: Path, action: str = "writing") -> Iterator[Path]:
         partial.unlink(missing_ok=True)
 
 
+def write_if_changed(target: Path, data: bytes, action: str = "writing") -> bool:
+    """`data` into `target` (atomic_file) unless `target` holds exactly these bytes already, in which case it is
+    left as it is, its time stamps too (a rerun of finished work touches nothing); whether it was written."""
+    try:
+        if target.stat().st_size == len(data) and target.read_bytes() == data:
+            return False
+    except OSError:  # not there yet, or unreadable: write it
+        pass
+    with atomic_file(target, action) as partial:
+        partial.write_bytes(data)
+    return True
+
+
 def _make_parents(folder: Path) -> list[Path]:
     """mkdir -p that returns the directories it created, outermost first."""
     created = []

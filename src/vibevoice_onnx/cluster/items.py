@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file, file_error
+from ..outputs import atomic_file, file_error, write_if_changed
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a file name on every system, never a path
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif"}
@@ -74,20 +74,24 @@ class JobFolder:
                 if row.status == "ok" and row.output and Path(row.output).is_file()}
 
     def write_manifest(self, ids: list[str]) -> list[Row]:
-        """OUT/manifest.jsonl and OUT/manifest.parquet: one row per item id, in the items' order."""
-        rows = self.read_rows()
-        ordered = [rows[item_id] for item_id in ids if item_id in rows]
-        with atomic_file(self.out / "manifest.jsonl", "writing the manifest") as partial:
-            partial.write_text("".join(json.dumps(asdict(row)) + "\n" for row in ordered), encoding="utf-8")
+        """OUT/manifest.jsonl and OUT/manifest.parquet: one row per item id, in the items' order. A manifest that
+        already says this is left untouched, so a rerun of a finished job changes no file."""
+        import io
+
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        rows = self.read_rows()
+        ordered = [rows[item_id] for item_id in ids if item_id in rows]
+        lines = "".join(json.dumps(asdict(row)) + "\n" for row in ordered).encode("utf-8")
+        write_if_changed(self.out / "manifest.jsonl", lines, "writing the manifest")
         table = pa.Table.from_pylist([asdict(row) for row in ordered], schema=pa.schema([
             ("id", pa.string()), ("status", pa.string()), ("output", pa.string()), ("audio_seconds", pa.float64()),
             ("tokens", pa.int64()), ("seconds", pa.float64()), ("error", pa.string()),
             ("worker", pa.string())]))
-        with atomic_file(self.out / "manifest.parquet", "writing the manifest") as partial:
-            pq.write_table(table, str(partial))
+        parquet = io.BytesIO()
+        pq.write_table(table, parquet)
+        write_if_changed(self.out / "manifest.parquet", parquet.getvalue(), "writing the manifest")
         return ordered
 
 
