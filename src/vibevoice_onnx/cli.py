@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -275,7 +276,7 @@ def cmd_demo(args) -> int:
          "-o", str(work / "speech.wav")],
     ]
     for step in steps:
-        print(f"\n$ vibevoice-onnx {' '.join(step)}", flush=True)
+        print(f"\n$ vibevoice-onnx {shlex.join(step)}", flush=True)  # quoted as a shell takes it: copy and paste
         code = main(step)
         if code:
             return code
