@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -178,16 +179,23 @@ def test_pcm_from_standard_input_is_read_while_the_consumer_is_busy():
 
     pcm = (np.arange(24000 * 3) % 2000 - 1000).astype("<i2")
 
+    at_the_end = threading.Event()
+
     class Capture(io.BytesIO):
         reads = 0
 
         def read(self, size=-1):
             Capture.reads += 1
-            return super().read(size)
+            data = super().read(size)
+            if not data:
+                at_the_end.set()
+            return data
 
     pieces = pcm_pieces(Capture(pcm.tobytes()), 24000)
     first, _ = next(pieces)
-    time.sleep(0.5)  # a chunk decoding
+    # the consumer takes nothing more (a chunk decoding) while the reader reads on to the end of the input;
+    # the deadline only bounds a reader that never gets there
+    assert at_the_end.wait(timeout=60), f"the reader stopped after {Capture.reads} reads"
     assert Capture.reads == 31  # 30 pieces of 0.1 s and the end, all read meanwhile
     rest = [piece for piece, _ in pieces]
     assert np.array_equal(np.concatenate([first, *rest]), pcm / 32768.0)
@@ -294,6 +302,9 @@ def test_live_websocket_errors_are_messages(server):
     assert "unknown setting(s) chunk_seconds" in error["error"]["message"]
 
 
+ANSWER_WITHIN = 60  # seconds: a socket silent this long after the client's last word is hung, not waiting
+
+
 def test_random_message_sequences_on_the_live_socket_end_cleanly(server):
     """Hypothesis drives upstream's /v1/stream with random sequences of settings, PCM frames (odd lengths
     among them), "end", text, JSON, truncated JSON and oversized messages, in any order: every answer is a
@@ -319,23 +330,25 @@ def test_random_message_sequences_on_the_live_socket_end_cleanly(server):
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(st.lists(messages, min_size=1, max_size=6))
     def drive(sequence):
+        """The sequence, then "end" (the client's last word): the server owes an end to the exchange, and a wait
+        of ANSWER_WITHIN seconds without an answer or a close fails the test as a hang."""
         headers = {"Authorization": f"Bearer {KEY}"}
         with connect(f"ws://127.0.0.1:{server.port}/v1/stream", additional_headers=headers, max_size=None) as ws:
             try:
-                for message in sequence:
+                for message in [*sequence, "end"]:
                     ws.send(message)
                 while True:
-                    answer = json.loads(ws.recv(timeout=5))
+                    answer = json.loads(ws.recv(timeout=ANSWER_WITHIN))
                     if answer.get("type") == "error":
                         assert answer["error"]["type"] == "invalid_request_error", answer
                         assert set(answer["error"]) == {"message", "type", "param", "code"}
+                    elif answer.get("done"):
+                        assert set(answer) == {"done", "total_chunks", "text", "segments"}, answer
                     else:
-                        assert "chunk" in answer or answer.get("done"), answer
+                        assert set(answer) >= {"chunk", "text", "start", "end"}, answer
             except ConnectionClosed as closed:
                 code = closed.rcvd.code if closed.rcvd else None
                 oversized = any(len(m) > 1 << 20 for m in sequence)  # refused mid-send: the close may be lost
                 assert code in (1000, 1008, 1009) or code is None and oversized, (code, closed)
-            except TimeoutError:
-                pass  # waiting for more audio, as it should: the client leaves
 
     drive()

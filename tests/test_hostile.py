@@ -273,30 +273,45 @@ MESSAGES = st.one_of(
 )
 
 
+ANSWER_WITHIN = 60  # seconds: a socket silent this long after the client's last word is hung, not waiting
+
+
 @settings(max_examples=fuzz_examples(30), deadline=None, derandomize=fuzz_seed() == 1,
           suppress_health_check=list(HealthCheck))
 @given(messages=st.lists(MESSAGES, min_size=1, max_size=6))
 def test_random_message_sequences_on_the_speech_socket_end_cleanly(server, messages):
+    """Random messages, then `input_text.done` (the client's last word, so no answer is owed to a text still
+    coming): the server must end the exchange, with audio and `audio.done` or an error event, and close. Every
+    answer has the socket's shape; a wait that ends without an answer or a close is a failure (a hang)."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
     with connect(f"ws://127.0.0.1:{server.port}/v1/audio/speech/stream", additional_headers=AUTH,
                  max_size=None) as ws:
         try:
-            for message in messages:
+            for message in [*messages, json.dumps({"type": "input_text.done"})]:
                 ws.send(message)
             while True:
-                answer = ws.recv(timeout=5)
-                if isinstance(answer, str):
-                    event = json.loads(answer)
-                    if event["type"] == "error":
-                        assert event["error"]["type"] == "invalid_request_error", event
-                        openai_error(json.dumps(event).encode())
+                speech_socket_answer(ws.recv(timeout=ANSWER_WITHIN))
         except ConnectionClosed as closed:
             code = closed.rcvd.code if closed.rcvd else None
             # a message over the limit is refused with 1009 while the rest of it is still being sent, so the
             # close frame may be lost with the connection's reset
             oversized = any(len(m) > 1 << 20 for m in messages)
             assert code in (1000, 1008, 1009) or code is None and oversized, (code, closed)
-        except TimeoutError:
-            pass  # the socket waits for more text, as it should: the client leaves
+
+
+def speech_socket_answer(answer) -> None:
+    """One message of the speech socket, as its contract has them: audio (16-bit PCM, whole samples), the final
+    `audio.done` with its usage, or an error event in OpenAI's shape."""
+    if isinstance(answer, bytes):
+        assert answer and len(answer) % 2 == 0, len(answer)
+        return
+    event = json.loads(answer)
+    if event["type"] == "audio.done":
+        usage = event["usage"]
+        assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}, event
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["output_tokens"] > 0
+        return
+    assert event["type"] == "error" and event["error"]["type"] == "invalid_request_error", event
+    openai_error(json.dumps(event).encode())
