@@ -122,3 +122,38 @@ class Server:
             raise AssertionError("the server did not stop within 30 s of SIGTERM") from None
         assert "Traceback" not in self.log.read_text(), self.log.read_text()
         return status
+
+
+def eventually(condition, deadline: float, every: float = 0.1) -> bool:
+    """Whether `condition()` holds before `deadline` seconds pass: a wait for an event, whose deadline only bounds
+    a failure (it is no measurement: it passes as soon as the event comes, however loaded the machine)."""
+    end = time.monotonic() + deadline
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(every)
+
+
+def live_streams(url: str, model: str = "vibevoice-realtime-cpu-fp32") -> int:
+    """The generations of `model` running now, as the server reports them (GET /v1/models/ID, its batching)."""
+    request = urllib.request.Request(f"{url}/v1/models/{model}", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["batching"]["streams"]
+
+
+LONG_SPEECH = 100_000  # frames: minutes of work even for a tiny bundle, so a gathered answer could not come early
+
+
+def assert_audio_streams_while_it_is_made(client, text: str, url: str | None = None) -> None:
+    """Speech is streamed as it decodes, not gathered: the first audio of a request for LONG_SPEECH frames comes
+    within the client's timeout (a server that gathered would send nothing before the end, minutes later), and,
+    where `url` is the server itself (not a proxy in front of replicas, which routes a look to an idle one),
+    while it reports that generation running. Judged by events, not by timing."""
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=text, response_format="pcm",
+            extra_body={"seed": 1, "max_frames": LONG_SPEECH}) as response:
+        assert next(response.iter_bytes())  # the client reads nothing more while it looks
+        if url is not None:
+            assert eventually(lambda: live_streams(url) >= 1, 60), "no generation running while its audio streams"

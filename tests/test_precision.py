@@ -173,7 +173,7 @@ def test_bench_times_exactly_n_frames_with_the_reference(tiny_checkpoints, tiny_
     expected = sum(Bundle(tiny_bundle).weight_bytes(name) * g["calls"] for name, g in graphs.items()) / 7
     assert runtime["weight_bytes_per_frame"] == pytest.approx(expected)
     assert runtime["first_audio_seconds"] <= runtime["chunk_times"][-1] and report["bandwidth_bytes_per_second"] > 1e8
-    assert 0 < runtime["warm_first_audio_seconds"] < runtime["chunk_times"][-1]
+    assert runtime["warm_first_audio_seconds"] > 0  # a time of another run: compared with nothing here
     assert runtime["host_tensor_bytes"] == (tiny_bundle / "host.safetensors").stat().st_size
     assert runtime["shared_pool_threads"] is None  # main() called with a list leaves the process's pools alone
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
