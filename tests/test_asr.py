@@ -255,7 +255,7 @@ def test_int8_and_int4_asr_bundles_are_streamed_quantized_and_judged(quantized_a
         code = main(["verify", str(bundle), "--json"])
         record = json.loads(capsys.readouterr().out)
         assert code == (0 if record["passed"] else 1) and "random weights" in record["caveat"]
-        assert record["thresholds"]["graph_min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
+        assert record["thresholds"]["graph"]["min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
         if precision == "int8":
             assert record["passed"]
 
@@ -292,7 +292,7 @@ def test_a_broken_int8_asr_bundle_fails_the_teacher_forced_loop(quantized_asr_bu
     assert main(["verify", str(bundle), "--json"]) == 1
     gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
     assert not gates["audio_connector"]["passed"]
-    assert not gates["closed loop, teacher-forced: per-step logits min cosine"]["passed"]
+    assert not gates["closed loop, teacher-forced: per-step logits"]["passed"]
     assert gates["lm_head"]["passed"] and gates["lm (past 16, new 1)"]["passed"]  # only what was broken
 
 

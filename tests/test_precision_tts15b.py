@@ -46,7 +46,7 @@ def test_int8_is_refused_until_verified_then_passes_and_speaks(variants, tmp_pat
     assert record["precision"] == "int8" and record["passed"] and "random weights" in record["caveat"]
     gates = {g["name"]: g for g in record["gates"]}
     assert gates["closed loop, forced segments: latent divergence within the loop's own spread"]["passed"]
-    assert gates["closed loop, forced segments, teacher-forced: conditions min cosine"]["cosine"] >= 0.995
+    assert gates["closed loop, forced segments, teacher-forced: conditions"]["cosine"] >= 0.995
     for name in ("acoustic_connector", "semantic_connector"):  # kept fp32: as exact as the fp32 bundle
         assert gates[name]["cosine"] > 0.99999
     assert main(speak) == 0 and (tmp_path / "x.wav").is_file()
@@ -56,7 +56,7 @@ def test_int4_is_judged_and_speak_follows_the_verdict(variants, tmp_path, capsys
     bundle = copy_bundle(variants / "cpu_int4", tmp_path / "int4")
     code = main(["verify", str(bundle)])
     record = json.loads((bundle / "manifest.json").read_text())["parity"]
-    assert code == (0 if record["passed"] else 1) and record["thresholds"]["graph_min_cosine"] == 0.98
+    assert code == (0 if record["passed"] else 1) and record["thresholds"]["graph"]["min_cosine"] == 0.98
     capsys.readouterr()
     spoke = main(["speak", str(bundle), SCRIPT, "--speaker", "1=alice", "--speaker", "2=alice", "--max-frames", "2",
                   "-o", str(tmp_path / "x.wav")])
@@ -70,7 +70,7 @@ def test_broken_quantization_on_the_feedback_path_is_caught_by_the_loops(variant
     assert main(["verify", str(bundle)]) == 1
     failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
     assert "semantic_connector" in failed
-    assert "closed loop, forced segments, teacher-forced: conditions min cosine" in failed  # at every forced frame
+    assert "closed loop, forced segments, teacher-forced: conditions" in failed  # at every forced frame
     assert not failed & {"lm (past 16, new 1)", "diffusion_head", "acoustic_connector"}  # only what was broken
 
 
@@ -164,5 +164,5 @@ def test_int8_of_the_checkpoint_microsoft_saved_passes_and_the_decoder_scheme_it
     quantize_graph(old / "acoustic_decoder_stream.onnx", DYNAMIC_INT8, False)
     assert main(["verify", str(old), "--json"]) == 1
     failed = {g["name"] for g in json.loads(capsys.readouterr().out)["gates"] if not g["passed"]}
-    assert "closed loop, forced segments, teacher-forced: conditions min cosine" in failed
+    assert "closed loop, forced segments, teacher-forced: conditions" in failed
     assert all(", teacher-forced: " in name for name in failed), failed

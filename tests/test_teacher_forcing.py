@@ -111,7 +111,7 @@ def test_int8_of_a_checkpoint_with_hovering_eos_passes(hovering, capsys):
         assert forced["passed"] and f"frames clear of the ±{floor} noise floor" in forced["detail"]
         logits = record["closed_loop"]["eos_logits"]
         assert len(logits["reference"]) == len(logits["teacher_forced"]) == CLOSED_LOOP_FRAMES - 1 and record["passed"]
-    assert record["precision"] == "int8" and record["thresholds"]["forced_latent_min_cosine"] == 0.97
+    assert record["precision"] == "int8" and record["thresholds"]["forced_latent"]["min_cosine"] == 0.97
     assert "perturbed by the bundle's own one-step error" in record["loops"]["free_running"]
     assert "every frame" in record["loops"]["teacher_forced"]
     assert gates["closed loop: per-frame EOS decisions agree where the loop's own spread keeps them"]["passed"]
@@ -155,7 +155,7 @@ def test_int8_with_a_wrong_quantization_scale_fails_on_the_same_checkpoint(hover
     wrong_scale(bundle / "diffusion_head_step.onnx", 1.5)
     assert main(["verify", str(bundle), "--json"]) == 1
     failed = {g["name"] for g in json.loads(capsys.readouterr().out)["gates"] if not g["passed"]}
-    assert "closed loop, teacher-forced: sampled latent min cosine" in failed and "diffusion_head" in failed
+    assert "closed loop, teacher-forced: sampled latents" in failed and "diffusion_head" in failed
 
 
 def loop_runs(bundle_dir, checkpoint) -> tuple[dict, dict, tuple]:

@@ -64,8 +64,8 @@ def test_verify_passes_every_gate_and_records_them(verified_15b):
                      "closed loop, forced segments: latent divergence within the loop's own spread",
                      "closed loop, forced segments: audio divergence within the loop's own spread",
                      "closed loop, free-running: the LM's picks agree where the loop's own spread keeps them",
-                     "closed loop, forced segments, teacher-forced: conditions min cosine",
-                     "closed loop, free-running, teacher-forced: sampled latent min cosine",
+                     "closed loop, forced segments, teacher-forced: conditions",
+                     "closed loop, free-running, teacher-forced: sampled latents",
                      "closed loop, forced segments, teacher-forced: the LM's picks agree"):
         assert any(n.startswith(expected) for n in names), expected
     loop = record["closed_loop"]
@@ -88,7 +88,7 @@ def test_a_broken_semantic_encoder_fails_its_gates_and_the_loop(tiny_15b_bundle,
     assert main(["verify", str(bundle)]) == 1
     failed = {line.split("  ")[0] for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("FAIL")}
     assert {"semantic_encoder_stream (4 chunks, states)",
-            "closed loop, forced segments, teacher-forced: conditions min cosine"} <= failed
+            "closed loop, forced segments, teacher-forced: conditions"} <= failed
     assert not any(name.startswith(("lm", "diffusion_head", "acoustic_")) for name in failed)
 
 

@@ -75,6 +75,8 @@ class Family:
     prompt: str = "transcription:build_asr_prompt"  # (tokenizer, samples, hotwords) -> AsrPrompt (transcribing kinds)
     transcript: str = "transcription:parse_transcript"  # (generated text) -> (segments, note)
     voices: str | None = None  # its voices: "preset" (upstream's KV-cache presets) or "audio" (samples)
+    int8_activations: bool = False  # its graphs quantize activations to int8 at every precision (verify judges
+    #                                 its fp32 bundles by int8's limits: the rounding of those steps is its own)
     defaults: Defaults = field(default_factory=Defaults)
     capabilities: Capabilities = field(default_factory=Capabilities)
 
@@ -136,7 +138,7 @@ FAMILIES = (
         hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
         shards=3, dtype="float32", reference="reference.asr_bitnet:load_asr_bitnet",
         exporter="export.asr_bitnet", policy=None, gates="verify.asr",
-        prompt="transcription:build_text_prompt", transcript="transcription:parse_prose",
+        prompt="transcription:build_text_prompt", transcript="transcription:parse_prose", int8_activations=True,
     ),
     Family(
         "asr-streaming", "VibeVoice-ASR-Streaming (1.5B, 7B)", "vibevoice",

@@ -21,8 +21,8 @@ from ..runtime.asr import ENCODERS, PIECE_FRAMES, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..families import load
 from ..transcription import prompt_builder
-from .common import (BATCH_LATE_AFTER, BATCHED_MIN_COSINE, Gate, Limits, Probe, batched_and_alone, bound_gate,
-                     compare, cosine, lm_gates)
+from .common import (BATCH_LATE_AFTER, BATCHED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, cosine,
+                     gain, lm_gates, relative_error)
 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
@@ -43,13 +43,13 @@ def verification_audio(voice: str | None, samples: int | None = CLIP_SAMPLES, no
     return level(signal.astype(np.float32)), "(a synthetic voiced signal: ../shared is not available)"
 
 
-def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend, limit: float) -> list[Gate]:
+def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend, limits: Limits) -> list[Gate]:
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
-    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limit)
+    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limits)
     hidden = probe.normal(3, dims.lm.hidden)
     gates.append(compare("lm_head", [np.stack([runtime.logits(h[None]) for h in hidden])],
-                         [reference.model.lm_head(as_tensor(hidden)).numpy()], min_cosine=limit))
+                         [reference.model.lm_head(as_tensor(hidden)).numpy()], limits.graph))
     # One segment from zero states (audio up to 60 s), alone and longer than the runtime's pieces, then long
     # audio's path on short segments of 5 frames: two whole ones and a partial last one; each against one pass of
     # the reference with upstream's padding.
@@ -61,10 +61,10 @@ def graph_gates(bundle: Bundle, reference: AsrReference, runtime: OnnxAsrBackend
         ours = encoder_means(runtime, audio[0, 0], segment=segment or audio.shape[-1])
         for name, encoder, out in zip(ENCODERS, encoders, ours):
             theirs = encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
-            gates.append(compare(f"{name} ({label}) == one pass, upstream's padding", [out], [theirs], min_cosine=limit))
+            gates.append(compare(f"{name} ({label}) == one pass, upstream's padding", [out], [theirs], limits.graph))
     acoustic, semantic = probe.normal(1, 4, dims.acoustic_encoder.vae_dim), probe.normal(1, 4, dims.semantic_encoder.vae_dim)
     gates.append(compare("audio_connector", [runtime.connect(acoustic, semantic)],
-                         [parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()], min_cosine=limit))
+                         [parts.multi_modal_projector(as_tensor(acoustic), as_tensor(semantic)).numpy()], limits.graph))
     return gates
 
 
@@ -101,21 +101,25 @@ def forced_gates(loop: str, step: str, tokens: list[int], ours: list[np.ndarray]
                  setting: str) -> tuple[list[Gate], dict]:
     """The runtime's greedy `tokens` and their logits `ours` against the reference's logits for the same steps
     (teacher-forced): every step whose reference top-2 margin clears the precision's decision floor must pick
-    the same token, and the logits must keep the precision's cosine."""
+    the same token, and the logits must stay within the precision's conditions tolerance (worst step's cosine
+    and relative error, every step's gain at once)."""
     top2 = np.sort(theirs, axis=1)[:, -2:]
     margins = top2[:, 1] - top2[:, 0]
     clear = [i for i, margin in enumerate(margins) if margin > limits.decision_floor]
     picks = theirs.argmax(axis=1)
     disagree = [i for i in clear if picks[i] != tokens[i]]
-    logit_cos = min((cosine(a, b) for a, b in zip(ours, theirs)), default=0.0)
-    diff = max((float(np.abs(a - b).max()) for a, b in zip(ours, theirs)), default=0.0)
+    pairs = list(zip(ours, theirs))
+    logit_cos = min((cosine(a, b) for a, b in pairs), default=0.0)
+    diff = max((float(np.abs(a - b).max()) for a, b in pairs), default=0.0)
+    relative = max((relative_error(a, b) for a, b in pairs), default=0.0)
+    bias = gain(np.concatenate([np.ravel(a) for a, _ in pairs]), np.concatenate([np.ravel(b) for _, b in pairs])) if pairs else 1.0
     agree, smallest = greedy_agreement(tokens, theirs), float(margins.min(initial=np.inf))
     detail = (f"{setting}; {len(clear)} of {len(margins)} {step}s clear of the {limits.decision_floor} margin floor, "
               f"{len(disagree)} disagree{f' ({step}s ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
               f"the reference's greedy pick agrees on the first {agree}; smallest top-2 logit margin {smallest:.3g}")
     gates = [Gate(f"{loop}, teacher-forced: greedy picks agree", None, diff, not disagree, detail),
-             Gate(f"{loop}, teacher-forced: per-{step} logits min cosine", logit_cos, diff,
-                  logit_cos >= limits.forced_condition, detail)]
+             Gate(f"{loop}, teacher-forced: per-{step} logits", logit_cos, diff,
+                  limits.forced_condition.judge(logit_cos, bias, relative), detail, relative=relative, gain=bias)]
     return gates, {"tokens": len(tokens), "agreeing_prefix": agree, "decided_steps": len(clear),
                    "disagreeing_steps": disagree, "smallest_margin": smallest}
 
@@ -142,11 +146,10 @@ def batched_streams(bundle: Bundle, runtime: OnnxAsrBackend, samples: np.ndarray
     batch = AsrBatch(runtime, len(jobs))
     alone, batched = batched_and_alone(runtime, batch, jobs, run, TranscriptionResult)
     gate = compare("batched streams == separate streams", [np.stack(r.logits) for r in batched],
-                   [np.stack(r.logits) for r in alone],
+                   [np.stack(r.logits) for r in alone], BATCHED,
                    f"3 clips of {'/'.join(str(len(clip) // 3200) for _, clip, _ in jobs)} audio tokens, "
                    f"{'/'.join(str(len(r.tokens)) for r in alone)} greedy tokens, the third joining at the first's "
-                   f"token {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
-                   min_cosine=BATCHED_MIN_COSINE)
+                   f"token {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}")
     gate.passed &= all(a.tokens == b.tokens for a, b in zip(alone, batched))
     return gate
 
@@ -168,7 +171,7 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     reference = load_reference(checkpoint, log)
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")
-    gates = graph_gates(bundle, reference, runtime, limits.graph)
+    gates = graph_gates(bundle, reference, runtime, limits)
     log("  closed loop: greedy transcription, runtime vs reference")
     samples, source = verification_audio(voice)
     loop, info = closed_loop(bundle, reference, runtime, samples, limits)

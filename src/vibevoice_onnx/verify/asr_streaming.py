@@ -15,25 +15,24 @@ from ..generation.asr_streaming import StreamingSession, WindowFeeder, forced_lo
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from .asr import forced_gates, graph_gates, load_reference, verification_audio
-from .common import BATCHED_MIN_COSINE, Gate, Limits, bound_gate, compare
+from .common import BATCHED, Gate, Limits, Tolerance, bound_gate, compare
 
 TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B reference on a CPU
 
 
-def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: float) -> list[Gate]:
+def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: Tolerance) -> list[Gate]:
     """Both encoders over the first window, cold, against the reference's; and StreamingTranscriber's path (each
     window encoded in segments as its audio arrives, two windows in flight over the lookahead) against each
     window encoded whole by the same graphs: a new path, so nothing may change."""
     geometry = bundle.streaming_geometry
     audio = next(split_windows(samples, geometry))[None, None]
-    gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], min_cosine=limit)
+    gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], limit)
              for name, ours, theirs in zip(ENCODERS, runtime.encode(audio), reference.encode(audio))]
     fed = arriving(runtime, geometry, samples[:2 * geometry.chunk_samples + 12345])
     for i, name in enumerate(ENCODERS):
         ours = [means[i] for _, means in fed]
         whole = [runtime.encode(pad_window(window, geometry)[None, None])[i] for window, _ in fed]
-        gates.append(compare(f"{name}: {len(fed)} windows encoded as they arrive == each whole", ours, whole,
-                             min_cosine=BATCHED_MIN_COSINE))
+        gates.append(compare(f"{name}: {len(fed)} windows encoded as they arrive == each whole", ours, whole, BATCHED))
     return gates
 
 
@@ -78,7 +77,7 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     runtime = OnnxAsrBackend(bundle)
     log("  per-graph gates")
     samples, source = verification_audio(voice, None, normalize=bundle.streaming_geometry.normalize_audio)
-    gates = graph_gates(bundle, reference, runtime, limits.graph) + window_gates(bundle, reference, runtime, samples,
+    gates = graph_gates(bundle, reference, runtime, limits) + window_gates(bundle, reference, runtime, samples,
                                                                                  limits.graph)
     log(f"  streaming loop: {bundle.streaming_geometry.windows(len(samples))} windows, runtime vs reference")
     loop, info = streaming_loop(bundle, reference, runtime, samples, limits)

@@ -35,7 +35,8 @@ from .common import Gate, cosine, rms
 
 SEEDS = (101, 102, 103, 104)  # one perturbed reference run each; fixed, so a verdict is reproducible
 MARGIN = 3.0  # how much worse than the worst same-sized random perturbation a bundle's loop may do
-FLOOR = 1e-6  # relative differences below this are float rounding, whatever the spread
+FLOOR = 1e-6  # relative differences below this are float rounding, whatever the spread (at the first frame: the
+# loop amplifies rounding as it amplifies any error, so frame t's floor is FLOOR times the loop's gain to the t)
 SATURATED = 0.5  # a relative divergence past this is another generation: the amplification is fitted below it
 RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations of the same size (each fed-back "
         f"latent's and semantic feature's scale error as measured, the rest in a random direction) into "
@@ -220,12 +221,18 @@ def amplification(curves: list[list[float]]) -> float | None:
     return float(np.exp(slope))
 
 
-def _within(label: str, ours: list[float], envelope: list[float], what: str, detail: str) -> tuple[Gate, float, int]:
-    """Each value at most MARGIN times the envelope there (FLOOR apart): the gate, the worst value's multiple
-    of the spread, and its frame."""
-    ratios = [value / max(bound, FLOOR) for value, bound in zip(ours, envelope)]
+def rounding_floor(frames: int, gain: float | None) -> list[float]:
+    """At each frame, the float rounding a loop of this gain per frame (None: not measured) has grown to."""
+    return [FLOOR * max(gain or 1.0, 1.0) ** t for t in range(frames)]
+
+
+def _within(label: str, ours: list[float], envelope: list[float], what: str, detail: str,
+            floor: list[float]) -> tuple[Gate, float, int]:
+    """Each value at most MARGIN times the envelope there, the rounding floor there apart: the gate, the worst
+    value's multiple of the spread, and its frame."""
+    ratios = [value / max(bound, low) for value, bound, low in zip(ours, envelope, floor)]
     worst = int(np.argmax(ratios)) if ratios else 0
-    passed = all(value <= MARGIN * bound + FLOOR for value, bound in zip(ours, envelope))
+    passed = all(value <= MARGIN * bound + low for value, bound, low in zip(ours, envelope, floor))
     text = (f"worst at frame {worst}: {ours[worst]:.3g}, {ratios[worst]:.2f}x the spread of {envelope[worst]:.3g} "
             f"(at most {MARGIN:g}x); " if ratios else "")
     gate = Gate(f"{label}: {what} within the loop's own spread", None, max(ours, default=0.0), passed, text + detail)
@@ -266,15 +273,17 @@ def calibrated_gates(label: str, ours, reference, perturbed: list, error: StepEr
     about = (f"{judged} of {ours.frames} latents on the reference's path; {len(perturbed)} reference runs perturbed "
              f"by the bundle's one-step error (median {floor:.2g}"
              + (f", amplified {gain:.2f}x per frame" if gain else "") + f"); {detail}")
-    latent_gate, worst, at = _within(label, divergence, spread, "latent divergence", about)
+    rounding = rounding_floor(judged, gain)
+    latent_gate, worst, at = _within(label, divergence, spread, "latent divergence", about, rounding)
     latent_gate.cosine = min((cosine(a, b) for a, b in zip(ours.latents[:judged], reference.latents)), default=None)
-    scale_gate, _, _ = _within(label, scale, scale_spread, "latent scale (|log RMS ratio|)", about)
+    scale_gate, _, _ = _within(label, scale, scale_spread, "latent scale (|log RMS ratio|)", about, rounding)
     audio = _audio_divergence(ours, reference, judged)
     audio_spread = max((_audio_divergence(run, reference, min(judged, run.frames)) for run in perturbed), default=0.0)
     samples = sum(len(chunk) for chunk in reference.chunks[:judged])
     audio_gate = Gate(f"{label}: audio divergence within the loop's own spread",
                       cosine(ours.audio[:samples], reference.audio[:samples]) if judged else None, audio,
-                      audio <= MARGIN * audio_spread + FLOOR, f"{audio:.3g} against a spread of {audio_spread:.3g}; {about}")
+                      audio <= MARGIN * audio_spread + rounding[-1] if rounding else audio <= FLOOR,
+                      f"{audio:.3g} against a spread of {audio_spread:.3g}; {about}")
     decision_gate, decided = _decisions_gate(label, ours, reference, perturbed, decisions)
     verdict = ("passes: the loop does no worse with the bundle's error than with a random error of the same size"
                if latent_gate.passed and scale_gate.passed and audio_gate.passed and decision_gate.passed else
@@ -315,3 +324,24 @@ def wrong_scale(graph: Path, factor: float) -> str:
     target.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target) * np.float32(factor), target.name))
     onnx.save(model, str(graph))
     return target.name
+
+
+def scaled_output(graph: Path, output: str, factor: float) -> None:
+    """A conversion's mistake made on purpose (tests and benchmarks show that verify catches it): the output
+    `output` of an ONNX graph multiplied by `factor`, in place: a gain, which leaves every cosine at 1. Whatever
+    the graph itself reads of that tensor keeps the value before the gain (an LM's cache stays as it was)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(graph), load_external_data=False)  # the weights stay in their external file, untouched
+    declared = {o.name: o for o in model.graph.output}
+    if output not in declared:
+        raise ValueError(f"{graph}: has no output '{output}' (outputs: {', '.join(declared)})")
+    inner, gain_name = f"{output}.before_gain", f"{output}.gain"
+    for node in model.graph.node:
+        node.output[:] = [inner if name == output else name for name in node.output]
+        node.input[:] = [inner if name == output else name for name in node.input]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(declared[output].type.tensor_type.elem_type)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(factor, dtype), gain_name))
+    model.graph.node.append(helper.make_node("Mul", [inner, gain_name], [output], name=f"{output}.gain_on_purpose"))
+    onnx.save(model, str(graph))

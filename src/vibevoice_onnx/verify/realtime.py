@@ -25,7 +25,7 @@ from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, cache_layers, cfg_steps,
+    BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, cache_layers, cfg_steps,
     compare, replay_gate,
     decoder_gates, forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
@@ -38,7 +38,7 @@ CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first thre
 CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # upstream's defaults
 
 
-def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe) -> Gate:
+def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe, limits: Limits) -> Gate:
     """The runtime's batch-2 CFG streams (one cache, rows of their own lengths) against the same graph run as
     two separate streams, each with the growing cache of before: batching and the in-place cache must change
     nothing, at any precision (the graph's own error is the per-graph gates' matter)."""
@@ -46,26 +46,25 @@ def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: 
     negative = cache_layers(probe.prefilled(model.tts_language_model, 2))
     ours = runtime.guided_streams(positive, negative)
     separate = GuidedStreams(*(runtime.stream("upper_lm", layers, in_place=False) for layers in (positive, negative)))
-    return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe))
+    return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe), limits.same_path)
 
 
-def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log, limit: float) -> list[Gate]:
+def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log, limits: Limits) -> list[Gate]:
     """Each graph against the reference module it came from, then the KV, streaming and batching gates."""
     probe = Probe(lambda ids: model.embed_text(torch.from_numpy(ids)).numpy(), model.dims.lm.vocab)
     latent = model.dims.head.latent
     log("  per-graph gates")
-    gates = lm_gates("lower_lm", model.language_model, runtime.lms["lower_lm"], probe,
-                     limit, ((7, 5),))
-    gates += lm_gates("upper_lm", model.tts_language_model, runtime.lms["upper_lm"], probe,
-                      limit)
+    gates = lm_gates("lower_lm", model.language_model, runtime.lms["lower_lm"], probe, limits, ((7, 5),))
+    gates += lm_gates("upper_lm", model.tts_language_model, runtime.lms["upper_lm"], probe, limits)
     conditions = lm_step(model.tts_language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
-    gates.append(head_gate(model.diffusion_head, runtime.velocity, conditions, probe, limit))
-    gates.append(module_gate("acoustic_connector", model.acoustic_connector, runtime.connect, probe.normal(1, 4, latent), limit))
+    gates.append(head_gate(model.diffusion_head, runtime.velocity, conditions, probe, limits.graph))
+    gates.append(module_gate("acoustic_connector", model.acoustic_connector, runtime.connect, probe.normal(1, 4, latent),
+                             limits.graph))
     eos = runtime.sessions["eos_classifier"]
     gates.append(module_gate("eos_classifier", model.eos_classifier, lambda h: eos.run(None, {"hidden_states": h})[0],
-                             conditions, limit))
-    gates += decoder_gates(model.acoustic_decoder, runtime.decoder, runtime.unscale(probe.normal(1, 8, latent)), limit)
-    gates.append(batched_guidance(model, runtime, probe))
+                             conditions, limits.graph))
+    gates += decoder_gates(model.acoustic_decoder, runtime.decoder, runtime.unscale(probe.normal(1, 8, latent)), limits)
+    gates.append(batched_guidance(model, runtime, probe, limits))
     return gates
 
 
@@ -96,7 +95,7 @@ def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: Voic
     gates, calibration = calibrated_gates("closed loop", ours, reference, perturbed, error, EOS, detail)
     if runs is not None:
         runs.update(free=ours, reference=reference, perturbed=perturbed, error=error)
-    gates += [*forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP)]
+    gates += [*forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP, limits)]
     eos_logits = {name: [round(float(x), 5) for x in run.eos_logits]
                   for name, run in (("reference", reference), ("free_running", ours), ("teacher_forced", forced))}
     info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": ours.eos_frame}
@@ -112,7 +111,8 @@ def reference_loop(model: RealtimeModel, prompt: VoicePrompt, ids: list[int], no
                     result=result, steering=steering)
 
 
-def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int) -> Gate:
+def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int,
+                        limits: Limits) -> Gate:
     """The loop's latents decoded as `speak` decodes them (the first alone, then groups) == frame by frame."""
     grouped = GenerationResult()
     decoder = FrameDecoder(runtime, grouped, group)
@@ -120,7 +120,7 @@ def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: Generation
         decoder.add(z)
     decoder.flush()
     return compare(f"decoder: first frame alone, then groups of {group} == frame by frame", [grouped.audio],
-                   [frame_by_frame.audio], f"{frame_by_frame.frames} frames of the closed loop")
+                   [frame_by_frame.audio], limits.same_path, f"{frame_by_frame.frames} frames of the closed loop")
 
 
 def eos_agreement(label: str, runtime: GenerationResult, reference: GenerationResult, floor: float) -> tuple[Gate, dict]:
@@ -179,10 +179,9 @@ def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenize
     decisions = all([eos_fires(x) for x in a.eos_logits] == [eos_fires(x) for x in b.eos_logits]
                     for a, b in zip(batched, alone))
     gate = compare("batched streams == separate streams", [r.latents for r in batched] + [r.audio for r in batched],
-                   [r.latents for r in alone] + [r.audio for r in alone],
+                   [r.latents for r in alone] + [r.audio for r in alone], BATCHED,
                    f"3 streams of {'/'.join(map(str, BATCH_GATE_FRAMES))} frames, the third joining at the first's "
-                   f"frame {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
-                   min_cosine=BATCHED_MIN_COSINE)
+                   f"frame {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}")
     gate.passed &= decisions and [r.frames for r in batched] == [r.frames for r in alone]
     return gate
 
@@ -230,7 +229,7 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
             gates.append(replay_gate(bundle, bound_loop(prompt, ids), f"{BOUND_FRAMES} frames of the closed loop"))
         return gates + [bound], {**info, "closed_loop": {**info["closed_loop"], "voice": voice}}
     runtime = OnnxRealtimeBackend(bundle)
-    gates = graph_gates(bundle, model, runtime, log, limits.graph)
+    gates = graph_gates(bundle, model, runtime, log, limits)
     log("  closed loop: the whole generation, runtime vs reference")
     loop, loop_info = closed_loop(model, runtime, prompt, ids, limits)
     log("  batched streams against each alone")

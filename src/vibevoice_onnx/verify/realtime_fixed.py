@@ -16,12 +16,12 @@ from ..runtime.bundle import Bundle
 from ..runtime.realtime import FixedRealtimeBackend, OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from .calibration import EOS, calibrated_gates
-from .common import SEED, Gate, Limits, Probe, cache_layers, cfg_steps, compare, head_gate, lm_step, module_gate
+from .common import SEED, Gate, Limits, Probe, Tolerance, cache_layers, cfg_steps, compare, head_gate, lm_step, module_gate
 
 CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # as the default profile's
 
 
-def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: float) -> Gate:
+def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: Tolerance) -> Gate:
     """lower_lm_text: a whole and a padded window (5 then 3 tokens) after a 7-token prefix, against the
     reference LM: the second window also checks what the first wrote into the cache."""
     prefix = probe.prefilled(model.language_model, 7)
@@ -32,20 +32,20 @@ def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Pro
         outputs.append(ours.step(embeds))
         references.append(lm_step(model.language_model, embeds, np.arange(position, position + count)[None], prefix))
         position += count
-    return compare("lower_lm_text (5 tokens, then 3 padded to 5)", outputs, references, min_cosine=limit)
+    return compare("lower_lm_text (5 tokens, then 3 padded to 5)", outputs, references, limit)
 
 
-def guided_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: float) -> Gate:
+def guided_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: Tolerance) -> Gate:
     """upper_lm_text and upper_lm_step: the CFG streams (rows of different lengths in one cache) against the
     reference's two separate streams: speech, a 3-token text window (positive only), speech twice."""
     positive = probe.prefilled(model.tts_language_model, 9)
     negative = probe.prefilled(model.tts_language_model, 2)
     ours = runtime.guided_streams(cache_layers(positive), cache_layers(negative))
     reference = TorchRealtimeBackend(model).guided_streams(cache_layers(positive), cache_layers(negative))
-    return compare("upper_lm_text + upper_lm_step: CFG streams", *cfg_steps(ours, reference, probe), min_cosine=limit)
+    return compare("upper_lm_text + upper_lm_step: CFG streams", *cfg_steps(ours, reference, probe), limit)
 
 
-def decoder_tile_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: float) -> list[Gate]:
+def decoder_tile_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: Tolerance) -> list[Gate]:
     """The reference's whole decode of 2T + 1 frames is the golden: the tiles (T a call, the last frame in a
     padded tile), frame by frame, and a run shorter than a tile (its first frames, against the reference's
     decode of just those frames, never a golden clamped to T)."""
@@ -63,18 +63,18 @@ def decoder_tile_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, prob
     frames = latents.shape[1]
     expected = golden(frames)
     gates = [compare(f"acoustic_decoder_tile: {frames} frames in tiles of {tile} == whole reference decode",
-                     [whole], [expected], min_cosine=limit),
+                     [whole], [expected], limit),
              compare(f"acoustic_decoder_tile: {frames} frames one at a time == whole reference decode",
-                     [np.concatenate(pieces)], [expected], min_cosine=limit)]
+                     [np.concatenate(pieces)], [expected], limit)]
     if tile > 1:
         short = tile - 1
         first, _ = runtime.decode_frames(latents[:, :short], runtime.new_decoder_state())
         gates.append(compare(f"acoustic_decoder_tile: a run of {short} frame(s) (shorter than a tile) == the "
-                             "reference's decode of those frames", [first], [golden(short)], min_cosine=limit))
+                             "reference's decode of those frames", [first], [golden(short)], limit))
     return gates
 
 
-def graph_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, log, limit: float) -> list[Gate]:
+def graph_gates(model: RealtimeModel, runtime: FixedRealtimeBackend, log, limit: Tolerance) -> list[Gate]:
     probe = Probe(lambda ids: model.embed_text(torch.from_numpy(ids)).numpy(), model.dims.lm.vocab)
     log("  per-graph gates (fixed shapes)")
     gates = [lm_text_gate(model, runtime, probe, limit), guided_gate(model, runtime, probe, limit)]

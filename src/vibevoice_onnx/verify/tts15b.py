@@ -32,8 +32,8 @@ from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .calibration import StepError, calibrated_gates, perturbed_runs, picks
 from .common import (
-    BATCH_LATE_AFTER, BATCHED_MIN_COSINE, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, decoder_gates,
-    forced_gates, head_gate, lm_gates, lm_step, module_gate,
+    BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, decoder_gates,
+    Tolerance, forced_gates, head_gate, lm_gates, lm_step, module_gate,
 )
 
 CLOSED_LOOP_SCRIPT = (
@@ -81,7 +81,7 @@ class OnnxSeparateStreams(TorchGuidedLm):
         return hidden[:, -1], present
 
 
-def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe) -> Gate:
+def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> Gate:
     """The runtime's speculative batch-2 CFG streams against upstream's separate streams on the same graph,
     through the cases the loop meets: the negative right after the prompt, a pick that is not speech
     (speculation dropped) followed by speech, a restart of the negative stream, and speech steps. A new path against the old
@@ -101,17 +101,17 @@ def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe
         if kind != "other":
             outputs.append(ours.negative(embed))
             references.append(theirs.negative(embed))
-    return compare("lm: speculative batched CFG streams == separate streams", outputs, references)
+    return compare("lm: speculative batched CFG streams == separate streams", outputs, references, limits.same_path)
 
 
-def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, limit: float) -> list[Gate]:
+def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> list[Gate]:
     """The acoustic encoder on a zero-padded batch of two lengths (upstream's padding), the streaming
     semantic encoder (chunks and states) against the reference, and streamed chunks == one pass."""
     hop = reference.dims.semantic_encoder.hop
     audio = probe.normal(2, 1, int(2.4 * hop)) * 0.1
     audio[1, :, int(1.7 * hop):] = 0.0  # the shorter voice of a batch, padded as upstream pads it
     encoded = reference.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
-    gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded], min_cosine=limit)]
+    gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded], limits.graph)]
     chunks = probe.normal(1, 1, 4 * hop) * 0.1
     state, ours_state = ConvState.zeros(conv_state_specs(reference.semantic_encoder)), runtime.new_semantic_state()
     outputs, references = [], []
@@ -121,28 +121,29 @@ def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe:
         outputs.append(ours)
         references.append(reference.semantic_encoder(as_tensor(chunk), padding_cache=state).latents.numpy())
     gates.append(compare("semantic_encoder_stream (4 chunks, states)", outputs + [host(v) for v in ours_state],
-                         references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states], min_cosine=limit))
+                         references + [state.tensors[s["name"]].numpy() for s in runtime.semantic.states], limits.graph))
     whole = reference.semantic_encoder(as_tensor(chunks)).latents.numpy()
-    gates.append(compare("semantic encoder: 4 streamed chunks == one pass", [np.concatenate(outputs, axis=1)], [whole]))
+    gates.append(compare("semantic encoder: 4 streamed chunks == one pass", [np.concatenate(outputs, axis=1)], [whole],
+                         limits.same_path))
     return gates
 
 
-def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log, limit: float) -> list[Gate]:
+def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log, limits: Limits) -> list[Gate]:
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
     log("  per-graph gates")
-    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limit)
-    gates.append(choice_head_gate(reference, runtime, probe, TokenIds.from_tokenizer(bundle.tokenizer), limit))
+    gates = lm_gates("lm", parts.language_model, runtime.lm, probe, limits)
+    gates.append(choice_head_gate(reference, runtime, probe, TokenIds.from_tokenizer(bundle.tokenizer), limits.graph))
     conditions = lm_step(parts.language_model, probe.tokens(4), np.arange(4)[None], DynamicCache())[0]
-    gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe, limit))
+    gates.append(head_gate(parts.diffusion_head, runtime.velocity, conditions, probe, limits.graph))
     gates.append(module_gate("acoustic_connector", parts.multi_modal_projector, runtime.connect_acoustic,
-                             probe.normal(1, 4, dims.acoustic_encoder.vae_dim), limit))
+                             probe.normal(1, 4, dims.acoustic_encoder.vae_dim), limits.graph))
     gates.append(module_gate("semantic_connector", parts.semantic_connector, runtime.connect_semantic,
-                             probe.normal(1, 4, dims.semantic_encoder.vae_dim), limit))
-    gates += encoder_gates(reference, runtime, probe, limit)
+                             probe.normal(1, 4, dims.semantic_encoder.vae_dim), limits.graph))
+    gates += encoder_gates(reference, runtime, probe, limits)
     gates += decoder_gates(reference.acoustic_decoder, runtime.decoder,
-                           runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)), limit)
-    gates.append(guided_streams_gate(bundle, runtime, probe))
+                           runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)), limits)
+    gates.append(guided_streams_gate(bundle, runtime, probe, limits))
     return gates
 
 
@@ -230,10 +231,9 @@ def batched_streams(bundle: Bundle, runtime: OnnxTts15bBackend, voices: list[np.
     spoken = [k for k, result in enumerate(alone) if result.frames]
     gate = compare("batched streams == separate streams",
                    [np.stack(batched[k].latents) for k in spoken] + [batched[k].audio for k in spoken],
-                   [np.stack(alone[k].latents) for k in spoken] + [alone[k].audio for k in spoken],
+                   [np.stack(alone[k].latents) for k in spoken] + [alone[k].audio for k in spoken], BATCHED,
                    f"3 scripts of {'/'.join(str(r.frames) for r in alone)} latents, the third joining at the first's "
-                   f"latent {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}",
-                   min_cosine=BATCHED_MIN_COSINE) if spoken else Gate("batched streams == separate streams", None, 0.0,
+                   f"latent {BATCH_LATE_AFTER}; largest batch {max(batch.batcher.batches['lm_step'])}") if spoken else Gate("batched streams == separate streams", None, 0.0,
                                                                        False, "no script made a latent")
     gate.passed &= all(a.tokens == b.tokens and a.stop_reason == b.stop_reason and a.frames == b.frames
                        for a, b in zip(alone, batched))
@@ -265,19 +265,19 @@ def load_reference(bundle: Bundle, checkpoint: Checkpoint, log) -> Tts15bReferen
 
 
 def choice_head_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, ids: TokenIds,
-                     limit: float) -> Gate:
+                     tolerance: Tolerance) -> Gate:
     """The four logits each step decides on: from the untied head's rows (Large) or the embedding's (1.5B)."""
     hidden = probe.normal(4, reference.dims.lm.hidden)
     ours = [runtime.choice_logits(h[None], ids.choices) for h in hidden]
     theirs = [reference.model.lm_head.weight[ids.choices].numpy() @ h for h in hidden]
     head = "untied lm_head" if reference.dims.kind == "large" else "the embedding (tied)"
-    return compare(f"choice logits (the {head}'s rows of the four picks)", ours, theirs, min_cosine=limit)
+    return compare(f"choice logits (the {head}'s rows of the four picks)", ours, theirs, tolerance)
 
 
 def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     reference = load_reference(bundle, checkpoint, log)
     runtime = OnnxTts15bBackend(bundle)
-    gates = graph_gates(bundle, reference, runtime, log, limits.graph)
+    gates = graph_gates(bundle, reference, runtime, log, limits)
     log("  closed loops: the whole generation, runtime vs reference")
     voices, source = verification_voices(bundle, voice)
     loops, info = closed_loops(bundle, reference, runtime, voices, limits)
