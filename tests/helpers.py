@@ -157,3 +157,22 @@ def assert_audio_streams_while_it_is_made(client, text: str, url: str | None = N
         assert next(response.iter_bytes())  # the client reads nothing more while it looks
         if url is not None:
             assert eventually(lambda: live_streams(url) >= 1, 60), "no generation running while its audio streams"
+
+
+# A realtime bundle's graphs a gain is put into on purpose (verify.calibration.scaled_output): graph -> (its output,
+# the per-graph gate that judges it)
+GAINED = {"acoustic_decoder_stream": ("audio", "acoustic_decoder_stream (3 frames, states)"),
+          "diffusion_head_step": ("velocity", "diffusion_head"),
+          "acoustic_connector": ("embeddings", "acoustic_connector"),
+          "upper_lm": ("hidden_states", "upper_lm (past 11, new 5)")}
+
+
+def gained_copy(bundle: Path, dst: Path, factor: float) -> Path:
+    """A copy of a realtime `bundle` with each GAINED graph's output multiplied by `factor` (a gain, which no
+    cosine sees)."""
+    from vibevoice_onnx.verify.calibration import scaled_output
+
+    shutil.copytree(bundle, dst)
+    for graph, (output, _) in GAINED.items():
+        scaled_output(dst / f"{graph}.onnx", output, factor)
+    return dst

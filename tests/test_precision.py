@@ -90,6 +90,23 @@ def test_int8_passes_its_gates_and_records_them(variants, capsys):
     assert main(["speak", str(bundle), "Hello there.", "-o", str(bundle.parent / "int8.wav"), "--max-frames", "2"]) == 0
 
 
+@pytest.mark.parametrize("factor, refused", [(1.05, True), (1.01, False)])
+def test_int8_refuses_a_graph_five_percent_loud_and_takes_one_percent(variants, tmp_path, factor, refused):
+    """int8's own error is noise around the right size (its gain error measured at most 8e-3, tiny and full size):
+    a 5% gain in the decoder, the head, the connector or the upper LM is refused by that graph's gate; 1% is within
+    what int8 is allowed (0.02), and passes."""
+    from helpers import GAINED, gained_copy
+
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    bundle = gained_copy(variants / "cpu_int8", tmp_path / "cpu_int8", factor)
+    record = verify_bundle(bundle, log=lambda line: None)
+    gates = {g["name"]: g for g in record["gates"]}
+    assert record["passed"] != refused, [g["name"] for g in record["gates"] if not g["passed"]]
+    for _, gate in GAINED.values():
+        assert gates[gate]["passed"] != refused and gates[gate]["gain"] == pytest.approx(factor, abs=0.01), gates[gate]
+
+
 def test_int4_mixed_keeps_the_feedback_path_at_8_bits_and_passes(variants, capsys):
     """4 bits only in the decoder, which is off the feedback path: the teacher-forced audio judges it."""
     bundle = variants / "cpu_int4-mixed"

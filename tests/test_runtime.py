@@ -14,6 +14,7 @@ from vibevoice_onnx.reference.realtime import generate
 from vibevoice_onnx.runtime.realtime import RealtimeTTS
 from vibevoice_onnx.sampling import NoiseSource
 from vibevoice_onnx.text import encode_tts_text
+from vibevoice_onnx.verify.common import gain, relative_error
 
 from conftest import copy_bundle
 from helpers import run_torch_free
@@ -110,7 +111,8 @@ def test_api_streams_chunks_that_match_the_reference(tiny_bundle, realtime_refer
     reference = generate(realtime_reference, tts.bundle.voice("synthetic"), encode_tts_text(tts.bundle.tokenizer, TEXT),
                          NoiseSource.from_seed(11), max_frames=9)
     ours = np.concatenate([c.samples for c in chunks])
-    assert np.corrcoef(ours, reference.audio)[0, 1] > 0.999
+    # direction and size: a correlation alone passed the audio made 2% louder; fp32 on both sides agree to rounding
+    assert relative_error(ours, reference.audio) < 1e-3 and gain(ours, reference.audio) == pytest.approx(1, abs=1e-4)
     audio, rate = tts.create(TEXT, voice="synthetic", seed=11, max_frames=9)
     assert rate == 24000 and np.array_equal(audio, ours)
 

@@ -21,6 +21,7 @@ from vibevoice_onnx.verify.common import LIMITS, verify_bundle
 from vibevoice_onnx.verify.realtime import CLOSED_LOOP_TEXT, closed_loop
 
 from conftest import copy_bundle
+from helpers import GAINED, gained_copy
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,17 @@ def test_all_gates_pass_and_are_recorded_in_the_manifest(verified):
     assert all(g["cosine"] is None or g["cosine"] >= 0.99 for g in record["gates"])
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["parity"] == record
+
+
+def test_an_fp32_bundle_with_a_graph_one_percent_loud_is_refused_by_that_graphs_gate(tiny_bundle, tmp_path):
+    """The decoder's audio, the head's velocity, the connector's embeddings and the upper LM's hidden states, each
+    1% too large: every cosine stays at 1, and each graph's own gate refuses it by its gain (fp32: at most 1e-3)."""
+    record = verify_bundle(gained_copy(tiny_bundle, tmp_path / "cpu_fp32", 1.01), log=lambda line: None)
+    gates = {g["name"]: g for g in record["gates"]}
+    assert not record["passed"]
+    for graph, (_, gate) in GAINED.items():
+        assert not gates[gate]["passed"] and gates[gate]["gain"] == pytest.approx(1.01, abs=2e-4), gates[gate]
+        assert gates[gate]["cosine"] > 0.99999, gates[gate]  # what a cosine-only gate saw: nothing wrong
 
 
 def test_a_broken_graph_fails_its_gate_and_the_loop(tiny_bundle, tmp_path, capsys):

@@ -1,0 +1,187 @@
+"""Every threshold of verify pinned by a defect just past it (which must fail) and one just inside (which must pass),
+for each precision: a gain, noise of a given cosine or relative size, a latent's scale, a flipped decision, a free
+run a little farther than its spread allows. The defects are numbers written here, not read from the limits, so
+loosening a limit (int8's conditions from 0.995 to 0.9, say) or tightening one past what its precision does
+makes a test here fail. End to end, tests/test_verify.py and tests/test_precision.py verify bundles with a gain
+put into a graph on purpose."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from vibevoice_onnx.verify import calibration
+from vibevoice_onnx.verify.common import BATCHED, LIMITS, SAME_ARITHMETIC, compare, exact_on_cpu, forced_gates
+from vibevoice_onnx.verify.realtime import eos_agreement
+
+RNG = np.random.default_rng(7)
+
+
+def off(reference: np.ndarray, gain: float = 1.0, cosine: float = 1.0, relative: float | None = None) -> np.ndarray:
+    """`reference` times `gain`, plus noise at right angles to it, sized for exactly `cosine` (or, given
+    `relative`, for ||noise|| = relative * ||reference||): so the gain measured is `gain`, whatever the noise."""
+    noise = RNG.standard_normal(reference.shape)
+    noise -= (noise.ravel() @ reference.ravel()) / (reference.ravel() @ reference.ravel()) * reference
+    size = relative * np.linalg.norm(reference) if relative is not None else \
+        np.sqrt(1 / cosine**2 - 1) * gain * np.linalg.norm(reference)
+    return (gain * reference + noise * size / np.linalg.norm(noise)).astype(np.float32)
+
+
+# (what, the defect's measure, the value just inside, the value just past), per precision and tolerance
+SIZES = {
+    "fp32": {"gain": (1.0005, 1.002), "relative": (5e-4, 2e-3)},
+    "int8": {"gain": (1.015, 1.025), "cosine": (0.996, 0.994)},
+    "int4": {"gain": (1.08, 1.12), "cosine": (0.985, 0.975)},
+    "fp16": {"gain": (1.008, 1.012), "cosine": (0.996, 0.994)},
+}
+PINS = {  # tolerance of Limits -> precision -> {measure: (inside, past)}
+    "graph": SIZES,
+    "same_path": {"fp32": {"gain": (1.00005, 1.0002), "relative": (5e-5, 2e-4)},
+                  "int8": {"gain": (1.015, 1.025), "cosine": (0.9985, 0.9975)},
+                  "int4": {"gain": (1.015, 1.025), "cosine": (0.9985, 0.9975)},
+                  "fp16": {"gain": (1.008, 1.012), "cosine": (0.9992, 0.9988)}},
+    "forced_condition": {**SIZES, "int4": {"gain": (1.04, 1.06), "cosine": (0.985, 0.975)}},
+    "forced_latent": {"fp32": SIZES["fp32"], "int8": {"gain": (1.015, 1.025), "cosine": (0.975, 0.965)},
+                      "int4": {"gain": (1.04, 1.06), "cosine": (0.91, 0.89)},
+                      "fp16": {"gain": (1.008, 1.012), "cosine": (0.992, 0.988)}},
+    "forced_audio": {"fp32": SIZES["fp32"], "int8": {"gain": (1.015, 1.025), "cosine": (0.992, 0.988)},
+                     "int4": {"gain": (1.04, 1.06), "cosine": (0.985, 0.975)},
+                     "fp16": {"gain": (1.008, 1.012), "cosine": (0.992, 0.988)}},
+}
+CASES = [(tolerance, precision, measure, value, inside) for tolerance, by_precision in PINS.items()
+         for precision, measures in by_precision.items() for measure, values in measures.items()
+         for value, inside in zip(values, (True, False))]
+
+
+@pytest.mark.parametrize("tolerance, precision, measure, value, inside", CASES)
+def test_each_tolerance_refuses_a_defect_just_past_it_and_takes_one_just_inside(tolerance, precision, measure, value,
+                                                                               inside):
+    reference = RNG.standard_normal((2, 2048)).astype(np.float32)
+    ours = off(reference, **{measure: value})
+    gate = compare("gate", [ours], [reference], getattr(LIMITS[precision], tolerance))
+    assert gate.passed == inside, (gate, getattr(LIMITS[precision], tolerance))
+    if measure == "gain":
+        assert gate.gain == pytest.approx(value, rel=1e-6) and gate.cosine == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("tolerance, measure, inside, past", [
+    (BATCHED, "gain", 1.0005, 1.002), (BATCHED, "cosine", 0.999995, 0.99998),
+    (SAME_ARITHMETIC, "relative", 5e-6, 2e-5), (SAME_ARITHMETIC, "gain", 1.000005, 1.00002)])
+def test_the_tolerances_of_paths_that_must_agree(tolerance, measure, inside, past):
+    reference = RNG.standard_normal(4096).astype(np.float32)
+    assert compare("gate", [off(reference, **{measure: inside})], [reference], tolerance).passed
+    assert not compare("gate", [off(reference, **{measure: past})], [reference], tolerance).passed
+
+
+def test_paths_of_the_same_kernels_agree_bit_for_bit_on_the_cpu():
+    reference = RNG.standard_normal(4096).astype(np.float32)
+    one_ulp = reference.copy()
+    one_ulp[17] = np.nextafter(one_ulp[17], np.float32(np.inf))
+    assert exact_on_cpu(compare("same", [reference.copy()], [reference], SAME_ARITHMETIC), "cpu").passed
+    assert not exact_on_cpu(compare("same", [one_ulp], [reference], SAME_ARITHMETIC), "cpu").passed
+    assert exact_on_cpu(compare("same", [one_ulp], [reference], SAME_ARITHMETIC), "cuda").passed  # rounding, off the CPU
+
+
+# ---- the teacher-forced gates, on a made-up reference trajectory ----
+
+FRAMES = 6
+
+
+def trajectory() -> SimpleNamespace:
+    """What a reference run records: conditions (positive and negative rows), latents, and decoded audio."""
+    return SimpleNamespace(frames=FRAMES, conditions=[[RNG.standard_normal(64), RNG.standard_normal(64)]
+                                                      for _ in range(FRAMES)],
+                           latents=[RNG.standard_normal(64) for _ in range(FRAMES)],
+                           audio=RNG.standard_normal(FRAMES * 320).astype(np.float32))
+
+
+def forced_run(theirs, conditions: dict = {}, latents: dict = {}, audio: dict = {}, scale: float = 1.0):  # noqa: B006
+    """The bundle along the reference's trajectory, each measure off as given (latents' RMS also times `scale`,
+    at the middle frame only: a per-frame scale error, not a bias)."""
+    sampled = [off(z, **latents) for z in theirs.latents]
+    sampled[FRAMES // 2] = sampled[FRAMES // 2] * scale
+    return SimpleNamespace(frames=FRAMES, conditions=[[off(row, **conditions) for row in rows] for rows in theirs.conditions],
+                           sampled=sampled, audio=off(theirs.audio, **audio))
+
+
+GATE_OF = {"forced_condition": ("conditions", 0), "forced_latent": ("latents", 1), "forced_audio": ("audio", 3)}
+
+
+@pytest.mark.parametrize("tolerance, precision, measure, value, inside",
+                         [case for case in CASES if case[0] in GATE_OF])
+def test_the_teacher_forced_gates_judge_every_frame_by_their_limits(tolerance, precision, measure, value, inside):
+    theirs = trajectory()
+    argument, index = GATE_OF[tolerance]
+    gates, _ = forced_gates("loop", forced_run(theirs, **{argument: {measure: value}}), theirs, "", LIMITS[precision])
+    assert gates[index].passed == inside, gates[index]
+    assert all(gate.passed for k, gate in enumerate(gates) if k not in (index, 2)), gates  # the others: untouched
+    # (a latent defect moves the RMS ratio gate too, judged below on its own)
+
+
+@pytest.mark.parametrize("precision, inside, past", [("fp32", 1.0005, 1.002), ("int8", 1.04, 1.06), ("int8", 0.96, 0.94),
+                                                     ("int4", 1.2, 1.3), ("fp16", 1.04, 1.06)])
+def test_one_latent_off_in_scale_is_refused_past_the_precisions_ratio(precision, inside, past):
+    theirs = trajectory()
+    for scale, expected in ((inside, True), (past, False)):
+        gates, _ = forced_gates("loop", forced_run(theirs, scale=scale), theirs, "", LIMITS[precision])
+        assert gates[2].passed == expected, (scale, gates[2])
+
+
+@pytest.mark.parametrize("precision, inside, past", [("fp32", 0.005, 0.02), ("int8", 0.2, 0.3), ("int4", 0.4, 0.6),
+                                                     ("fp16", 0.04, 0.06)])
+def test_an_eos_decision_may_flip_only_below_the_precisions_floor(precision, inside, past):
+    floor = LIMITS[precision].decision_floor
+    for logit, expected in ((inside, True), (past, False)):
+        reference = SimpleNamespace(eos_logits=[-3.0, logit, -2.0], eos_frame=None)
+        flipped = SimpleNamespace(eos_logits=[-3.0, -logit, -2.0], eos_frame=None)
+        gate, _ = eos_agreement("loop", flipped, reference, floor)
+        assert gate.passed == expected, (precision, logit, gate)
+
+
+# ---- the free run against its own spread ----
+
+def free_run(reference, sizes: list[float], rng) -> SimpleNamespace:
+    """A run whose latent t is the reference's moved by sizes[t] of its norm, its RMS kept (a divergence, no
+    scale error), with its decoded audio the latents themselves."""
+    latents = []
+    for z, size in zip(reference.latents, sizes):
+        moved = z + rng.standard_normal(z.shape) * size * np.linalg.norm(z) / np.sqrt(z.size)
+        latents.append((moved * np.linalg.norm(z) / np.linalg.norm(moved)).astype(np.float32))
+    return SimpleNamespace(latents=latents, frames=len(latents), chunks=latents, audio=np.concatenate(latents),
+                           eos_logits=list(reference.eos_logits))
+
+
+@pytest.mark.parametrize("multiple, passes", [(2.7, True), (3.3, False)])
+def test_a_free_run_may_diverge_at_most_three_times_as_far_as_its_perturbed_references(multiple, passes):
+    rng = np.random.default_rng(3)
+    latents = [rng.standard_normal(4096).astype(np.float32) for _ in range(8)]
+    reference = SimpleNamespace(latents=latents, frames=8, chunks=latents, audio=np.concatenate(latents),
+                                eos_logits=[-4.0] * 8)
+    sizes = [1e-3 * 1.2**t for t in range(8)]
+    perturbed = [free_run(reference, sizes, rng) for _ in calibration.SEEDS]
+    error = calibration.StepError([1e-3] * 8, [0.0] * 8, [0.0] * 8)
+    ours = free_run(reference, [multiple * s for s in sizes], rng)
+    gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    latent = next(g for g in gates if "latent divergence" in g.name)
+    assert latent.passed == passes and info["worst_ratio"] == pytest.approx(multiple, rel=0.05), info
+    assert next(g for g in gates if "audio divergence" in g.name).passed == passes
+
+
+def test_a_kept_decision_flipped_in_the_free_run_is_refused():
+    rng = np.random.default_rng(4)
+    latents = [rng.standard_normal(256).astype(np.float32) for _ in range(5)]
+    reference = SimpleNamespace(latents=latents, frames=5, chunks=latents, audio=np.concatenate(latents),
+                                eos_logits=[-2.0, -1.5, 1.0, -2.5, 2.0])
+    perturbed = [free_run(reference, [1e-3] * 5, rng) for _ in calibration.SEEDS]
+    for run in perturbed:  # each moved a little, none enough to flip anything
+        run.eos_logits = [x + rng.normal(0, 0.05) for x in reference.eos_logits]
+    error = calibration.StepError([1e-3] * 5, [0.05] * 5, [0.0] * 5)
+    ours = free_run(reference, [1e-3] * 5, rng)
+    gates, _ = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    assert all(g.passed for g in gates), gates
+    ours.eos_logits = [-2.0, -1.5, -0.1, -2.5, 2.0]  # frame 2's EOS, which every perturbed run kept, flipped
+    gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    decisions = next(g for g in gates if "decisions" in g.name)
+    assert not decisions.passed and info["decisions"]["flipped"] == [2]
