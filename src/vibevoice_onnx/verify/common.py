@@ -1,7 +1,8 @@
 """`vibevoice-onnx verify`: what every kind's gates share, the parity record, and the dispatch by kind.
 
-A graph passes with cosine >= 0.99, or max|Δ| <= 1e-4 where the reference output is near silent. The record
-(thresholds, every gate's numbers, the closed loop's settings) goes into the bundle's manifest.
+Every comparison is judged in direction and in size (Tolerance: cosine, gain, relative error) by its precision's
+limits (LIMITS), or by max|Δ| <= 1e-4 where the reference output is near silent. The record (thresholds, every
+gate's numbers, the closed loop's settings) goes into the bundle's manifest.
 """
 
 from __future__ import annotations
