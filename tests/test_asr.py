@@ -254,10 +254,14 @@ def test_int8_and_int4_asr_bundles_are_streamed_quantized_and_judged(quantized_a
         capsys.readouterr()
         code = main(["verify", str(bundle), "--json"])
         record = json.loads(capsys.readouterr().out)
-        assert code == (0 if record["passed"] else 1) and "random weights" in record["caveat"]
+        assert "random weights" in record["caveat"]
         assert record["thresholds"]["graph"]["min_cosine"] == {"int8": 0.995, "int4": 0.98}[precision]
+        failed = {g["name"]: g for g in record["gates"] if not g["passed"]}
         if precision == "int8":
-            assert record["passed"]
+            assert code == 0 and record["passed"], failed
+        else:  # as at full size: int4's logits are off by more than a step may cost (0.971 against 0.98)
+            assert code == 1 and set(failed) == {"closed loop, teacher-forced: per-step logits"}, failed
+            assert failed["closed loop, teacher-forced: per-step logits"]["cosine"] < 0.975
 
 
 def test_transcribe_refuses_an_unverified_or_failed_quantized_bundle(quantized_asr_bundles, tmp_path, capsys):

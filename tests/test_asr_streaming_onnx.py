@@ -80,8 +80,14 @@ def test_verify_records_every_precisions_gates_and_the_admission_rule_follows_th
         assert any("one 26-frame window, cold" in name for name in names)
         loop = record["streaming_loop"]
         assert loop["windows"] == 6  # the 17.28 s fixture: ceil(N / 70400)
-        if precision != "int4":  # int4 is judged (its full-size gates fail, as VibeVoice-ASR's do)
+        if precision != "int4":
             assert record["passed"] and loop["disagreeing_steps"] == [], [g for g in record["gates"] if not g["passed"]]
+        # int4's verdict on a tiny checkpoint sits near its limit (per-pick logits 0.979 against 0.98, after greedy
+        # picks that may split at a near tie), so what is asserted is what is stable: int4 is farther from the
+        # reference than int8 on the loop's logits and the LM, by much more than int8's own error
+        logits = {p: next(g["cosine"] for g in Bundle(bundles[variant][p]).info.parity["gates"]
+                          if g["name"] == "streaming loop, teacher-forced: per-pick logits") for p in ("int8", "int4")}
+        assert logits["int4"] < 0.99 < logits["int8"], logits
         if not record["passed"]:
             with pytest.raises(VibeVoiceError, match="failed"):
                 StreamingTranscriber(bundles[variant][precision])

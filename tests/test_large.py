@@ -70,6 +70,7 @@ def test_int8_verifies_and_speaks_a_script_and_int4_is_judged(large, tmp_path, c
     int8, int4 = large / "large" / "cpu_int8", copy_bundle(large / "large" / "cpu_int4", tmp_path / "int4")
     assert main(["verify", str(int8), "--json"]) == 0
     gates = {g["name"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
+    int8_cosines = {name: g["cosine"] for name, g in gates.items() if g["cosine"] is not None}
     assert gates["choice logits (the untied lm_head's rows of the four picks)"]["passed"]
     assert gates["lm: fixed-capacity cache (in place) == growing cache (11 steps)"]["passed"]
     out = tmp_path / "dialogue.wav"
@@ -78,8 +79,14 @@ def test_int8_verifies_and_speaks_a_script_and_int4_is_judged(large, tmp_path, c
     audio, rate = sf.read(out)
     assert rate == 24000 and len(audio) == 10 * 3200 and np.isfinite(audio).all() and np.abs(audio).max() > 0
     code = main(["verify", str(int4)])
-    passed = json.loads((int4 / "manifest.json").read_text())["parity"]["passed"]
+    record = json.loads((int4 / "manifest.json").read_text())["parity"]
+    passed = record["passed"]
     assert code == (0 if passed else 1)
+    # the tiny Large's int4 verdict sits near its limits (teacher-forced conditions 0.985 against 0.98): what is
+    # stable is that int4 is farther from the reference than int8, by much more than int8's own error
+    int4_cosines = {g["name"]: g["cosine"] for g in record["gates"] if g["cosine"] is not None}
+    for name in ("lm (past 11, new 5)", "closed loop, forced segments, teacher-forced: conditions"):
+        assert 1 - int4_cosines[name] > 5 * (1 - int8_cosines[name]), (name, int4_cosines[name], int8_cosines[name])
     capsys.readouterr()
     assert main(["speak", str(int4), SCRIPT, "--speaker", "1=alice", "--speaker", "2=alice", "--max-frames", "2",
                  "-o", str(tmp_path / "x.wav")]) == (0 if passed else 2)

@@ -53,10 +53,21 @@ def test_int8_is_refused_until_verified_then_passes_and_speaks(variants, tmp_pat
 
 
 def test_int4_is_judged_and_speak_follows_the_verdict(variants, tmp_path, capsys):
+    """The tiny 1.5B's int4 verdict sits near its limits (teacher-forced conditions 0.985 against 0.98), so what
+    is asserted is what is stable: int4 is farther from the reference than int8 on every teacher-forced gate
+    and on the LM, by much more than int8's own error; and `speak` follows whichever verdict it is."""
     bundle = copy_bundle(variants / "cpu_int4", tmp_path / "int4")
     code = main(["verify", str(bundle)])
     record = json.loads((bundle / "manifest.json").read_text())["parity"]
     assert code == (0 if record["passed"] else 1) and record["thresholds"]["graph"]["min_cosine"] == 0.98
+    int8 = unverified_copy(variants / "cpu_int8", tmp_path / "int8")
+    assert main(["verify", str(int8)]) == 0
+    cosines = {precision: {g["name"]: g["cosine"] for g in json.loads((path / "manifest.json").read_text())["parity"]["gates"]
+                           if g["cosine"] is not None}
+               for precision, path in (("int4", bundle), ("int8", int8))}
+    for name in ("lm (past 11, new 5)", "closed loop, forced segments, teacher-forced: conditions",
+                 "closed loop, forced segments, teacher-forced: sampled latents"):
+        assert 1 - cosines["int4"][name] > 5 * (1 - cosines["int8"][name]), (name, cosines["int4"][name], cosines["int8"][name])
     capsys.readouterr()
     spoke = main(["speak", str(bundle), SCRIPT, "--speaker", "1=alice", "--speaker", "2=alice", "--max-frames", "2",
                   "-o", str(tmp_path / "x.wav")])
