@@ -220,10 +220,42 @@ def test_pull_refuses_a_tampered_or_incomplete_bundle(first_use, hub, tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_push_refuses_an_unverified_bundle(tiny_bundle, tmp_path):
+def test_push_refuses_an_unverified_a_failed_or_an_altered_bundle(first_use, tiny_bundle, tmp_path):
     done = cli("push", tiny_bundle, "me/x", "--dry-run", tmp_path / "out", env=environment(tmp_path), ok=False)
     assert done.returncode == 2 and "has not been verified" in done.stderr
-    assert not (tmp_path / "out").exists()
+    verified = next((first_use["tmp"] / "home" / "bundles").glob("*/realtime/cpu_fp32"))
+    failed = shutil.copytree(verified, tmp_path / "failed")
+    manifest = json.loads((failed / "manifest.json").read_text())
+    manifest["parity"]["passed"] = False
+    manifest["parity"]["gates"][0]["passed"] = False
+    (failed / "manifest.json").write_text(json.dumps(manifest))
+    done = cli("push", failed, "me/x", "--dry-run", tmp_path / "out", env=environment(tmp_path), ok=False)
+    assert done.returncode == 2 and f"failed its parity gates ({manifest['parity']['gates'][0]['name']})" in done.stderr
+    altered = shutil.copytree(verified, tmp_path / "altered")  # verified, then a graph changed on disk
+    with open(altered / "eos_classifier.onnx", "ab") as graph:
+        graph.write(b"\0")
+    done = cli("push", altered, "me/x", "--dry-run", tmp_path / "out", env=environment(tmp_path), ok=False)
+    assert done.returncode == 2 and "eos_classifier.onnx: this file does not match" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists() and "Traceback" not in done.stderr
+
+
+def test_a_cached_bundle_that_failed_its_gates_is_kept_refused_and_never_rebuilt(tiny_checkpoints, tiny_preset, tmp_path):
+    """A checkpoint's first use builds and verifies into the cache; when the verdict is a failure (the tiny
+    realtime's int4 fails, as int4 does at full size) the bundle is kept with it: every later use refuses it
+    without building or verifying again, and --force uses it."""
+    env = environment(tmp_path)
+    speak = ["speak", "--model", tiny_checkpoints["realtime"], "--precision", "int4", TEXT, "--max-frames", "4",
+             "--seed", "1", "--voice", tiny_preset, "-o", tmp_path / "x.wav"]
+    first = cli(*speak, env=env, ok=False, timeout=600)
+    assert first.returncode == 2 and "first use: building and verifying" in first.stderr, first.stderr[-2000:]
+    assert "FAILED its gates" in first.stderr and "failed its parity gates" in first.stderr
+    manifest = next((tmp_path / "home" / "bundles").glob("*/realtime/cpu_int4/manifest.json"))
+    built = manifest.stat().st_mtime_ns
+    again = cli(*speak, env=env, ok=False)
+    assert again.returncode == 2 and "failed its parity gates" in again.stderr
+    assert "building" not in again.stderr and "verifying" not in again.stderr and manifest.stat().st_mtime_ns == built
+    forced = cli(*speak, "--force", env=env)
+    assert "building" not in forced.stderr and (tmp_path / "x.wav").is_file()
 
 
 def test_voices_from_urls_are_downloaded_once(first_use, hub, tiny_preset, tmp_path):

@@ -43,6 +43,30 @@ def client(models):
         yield c
 
 
+def test_serve_refuses_a_bundle_that_failed_its_gates_unless_forced(tiny_bundle, tmp_path):
+    """`serve` admits bundles by their recorded verdict before anything listens: one that failed is refused in one
+    sentence naming its failed gate, and never announced as served; --force serves it, and says its gates failed."""
+    import subprocess
+    import sys
+
+    from helpers import free_port
+
+    bundle = shutil.copytree(tiny_bundle, tmp_path / "cpu_fp32")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["parity"] = {"passed": False, "gates": [{"name": "diffusion_head", "passed": False},
+                                                     {"name": "eos_classifier", "passed": True}]}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="failed its parity gates"):
+        Models.open([bundle])
+    forced = Models.open([bundle], force=True)
+    assert next(iter(forced.by_id.values())).describe()["gates"] == "failed"
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "serve", str(bundle), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)  # a server that started would run past this
+    assert done.returncode == 2, done.stderr
+    assert f"error: {bundle}: failed its parity gates (diffusion_head), so it is not usable" in done.stderr
+    assert "serving on" not in done.stderr and "Traceback" not in done.stderr
+
+
 def ids(models):
     by_kind = {m.kind: m.id for m in models.by_id.values()}
     return by_kind["realtime"], by_kind["1.5b"], by_kind["asr"]

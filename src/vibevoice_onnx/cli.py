@@ -239,7 +239,6 @@ def cmd_serve(args) -> int:
         else:
             if args.address or args.replicas is not None or args.autoscale is not None:
                 raise VibeVoiceError("--address, --replicas and --autoscale go with --ray")
-            print(f"serving on http://{args.host}:{args.port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
             run(bundles, settings, host=args.host, port=args.port, threads=args.threads, force=args.force,
                 aliases=aliases, log_level=args.log_level)
     except Terminated:  # uvicorn re-raises the SIGTERM it handled once it has shut down: a clean stop

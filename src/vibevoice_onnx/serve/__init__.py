@@ -28,6 +28,8 @@ def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: 
                                                        model.bundle.info.precision, len(model.voices()),
                                                        model.bundle.path)
     app = create_app(models, settings)
+    # said once every bundle is open and admitted: a refused bundle never reads as a server that started
+    print(f"serving on http://{host}:{port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
