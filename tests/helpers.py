@@ -59,6 +59,17 @@ print("torch-free ok")
     return subprocess.run([sys.executable, "-c", BLOCK_TORCH + code + check], capture_output=True, text=True)
 
 
+def torch_blocked_environment(folder: Path) -> dict:
+    """The environment of a process (and of every Python process it starts: Ray's workers too) in which torch and
+    transformers cannot be imported: a sitecustomize that installs BLOCK_TORCH, first on PYTHONPATH."""
+    import os
+
+    site = folder / "torch-blocked"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCK_TORCH)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
 KEY = "test-key"
 
 
@@ -85,13 +96,13 @@ class Server:
     """`vibevoice-onnx serve` in its own process; stopped with SIGTERM, as a service manager does."""
 
     def __init__(self, bundles: list[Path], log: Path, *options: str, threads: str | None = "1",
-                 start_seconds: float = 90):
+                 start_seconds: float = 90, env: dict | None = None):
         self.port, self.log = free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "vibevoice_onnx.cli", "serve", *map(str, bundles), "--port", str(self.port),
              "--api-key", KEY, *(["--threads", threads] if threads else []), *options],
-            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+            stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
         deadline = time.monotonic() + start_seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

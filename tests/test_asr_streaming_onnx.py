@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from helpers import KEY, Server, fuzz_examples, fuzz_seed
+from helpers import KEY, Server, fuzz_examples, fuzz_seed, torch_blocked_environment
 from test_asr_streaming import speech_samples
 
 VARIANTS = ("1.5b", "7b")
@@ -214,8 +214,8 @@ def test_pcm_from_standard_input_is_read_while_the_consumer_is_busy():
         list(pcm_pieces(Broken(), 24000))
 
 
-def cli(*args: str, stdin: bytes | None = None):
-    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], input=stdin, capture_output=True)
+def cli(*args: str, stdin: bytes | None = None, env: dict | None = None):
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], input=stdin, capture_output=True, env=env)
     assert done.returncode == 0, done.stderr.decode()
     return done
 
@@ -230,9 +230,11 @@ def test_transcribe_stream_prints_each_chunk_from_a_file_and_from_stdin(bundles,
     lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert [(l["chunk"], l["text"]) for l in lines] == [(c.index, c.text) for c in expected.chunks]
     assert lines[1]["start"] == pytest.approx(2.9333, abs=1e-4) and "text" in done.stderr.decode()
-    # standard input: S16_LE at the model's rate, as arecord gives it; the same samples through the API
+    # standard input: S16_LE at the model's rate, as arecord gives it; the same samples through the API; and with
+    # torch and transformers impossible to import, as on the runtime-only install
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
-    done = cli("transcribe", str(bundle), "-", *options, "--format", "json", stdin=pcm.tobytes())
+    done = cli("transcribe", str(bundle), "-", *options, "--format", "json", stdin=pcm.tobytes(),
+               env=torch_blocked_environment(tmp_path))
     expected = chunks_of(bundle, pcm.astype(np.float32) / 32768.0, 24000)
     assert [json.loads(line)["text"] for line in done.stdout.decode().splitlines()] == [c.text for c in expected.chunks]
 

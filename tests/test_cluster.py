@@ -219,6 +219,29 @@ def test_the_command_line_job_takes_defaults_and_exits_2_when_items_failed(clust
     assert "--defaults takes a JSON object" in capsys.readouterr().err
 
 
+def test_a_batch_job_runs_without_torch(tiny_bundle, tmp_path):
+    """`pip install 'vibevoice-onnx[cluster]'` has no torch: a job on its own local cluster, torch and transformers
+    impossible to import in the driver and in every worker Ray starts, makes speak's audio."""
+    import subprocess
+
+    import soundfile as sf
+
+    from helpers import torch_blocked_environment
+
+    from vibevoice_onnx.audio import to_pcm16
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+
+    items = write_items(tmp_path / "items.jsonl", synthesis_items(3))
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "batch", "synthesize", str(tiny_bundle), str(items),
+                           "-o", str(tmp_path / "out"), "--workers", "1", "--threads-per-worker", "1"],
+                          env=torch_blocked_environment(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tts = RealtimeTTS(tiny_bundle)
+    for item, row in zip(synthesis_items(3), manifest(tmp_path / "out")):
+        audio, _ = tts.create(item["text"], "synthetic", seed=item["seed"], max_frames=item["max_frames"])
+        assert row["status"] == "ok" and np.array_equal(sf.read(row["output"], dtype="int16")[0], to_pcm16(audio))
+
+
 def test_a_cluster_address_where_nothing_answers_is_one_sentence_within_seconds(tiny_bundle, tmp_path):
     import socket
     import subprocess

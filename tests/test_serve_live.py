@@ -250,6 +250,24 @@ def test_request_lines_are_logged(server):
     assert any("status=200" in line and "audio=0.40s" in line for line in lines), lines[-3:]
 
 
+def test_the_server_runs_without_torch(tiny_bundle, tiny_asr_bundle, upload, tmp_path):
+    """`pip install 'vibevoice-onnx[serve]'` has no torch: the server, with torch and transformers impossible to
+    import, speaks what `speak` speaks, transcribes, and stops cleanly."""
+    from helpers import torch_blocked_environment
+
+    running = Server([tiny_bundle, tiny_asr_bundle], tmp_path / "server.log", env=torch_blocked_environment(tmp_path))
+    try:
+        assert np.array_equal(np.frombuffer(speech(running.client(), 21, 5, "pcm").content, "<i2"),
+                              spoken(tiny_bundle, 21, 5))
+        with open(upload, "rb") as f:
+            text = running.client().audio.transcriptions.create(model="whisper-1", file=f, response_format="text",
+                                                                extra_body=ASR_OPTIONS)
+        assert isinstance(text, str)
+    finally:
+        assert running.stop() == 0, (tmp_path / "server.log").read_text()
+    assert "blocked import" not in (tmp_path / "server.log").read_text()
+
+
 # ---- a server with one generation slot and no queue: overload, leaving clients, slow bodies, SIGTERM ----
 
 @pytest.fixture
