@@ -181,6 +181,51 @@ def test_a_worker_that_dies_mid_job_is_replaced_and_its_item_redone_once(cluster
     assert again["made"] == 0 and changed(before, snapshot(out)) == set()
 
 
+class DiesWhileWriting(SynthesisWorker):
+    """A worker that counts what it makes (a line per item begun, a line per item finished, in a log every worker
+    appends to) and whose process exits at item-07, the first time, half-way through writing its WAV."""
+
+    def make(self, item, start):
+        from vibevoice_onnx.outputs import atomic_file
+
+        self.count("begun", item)
+        marker = self.folder.out / "died-once"
+        if item["id"] == "item-07" and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            with atomic_file(self.folder.output(item["id"]), "writing the WAV file") as partial:
+                partial.write_bytes(b"RIFF" + b"\0" * 20000)  # the beginning of the audio, then the process is gone
+                os._exit(1)
+        row = super().make(item, start)
+        self.count("finished", item)
+        return row
+
+    def count(self, what: str, item: dict) -> None:
+        with open(self.folder.out / "makings.log", "a") as log:
+            log.write(f"{what} {item['id']}\n")
+
+
+def test_a_worker_that_dies_while_writing_an_item_leaves_each_item_made_exactly_once(cluster, tiny_bundle, tmp_path):
+    import soundfile as sf
+
+    from vibevoice_onnx.audio import to_pcm16
+    from vibevoice_onnx.runtime.realtime import RealtimeTTS
+
+    items = synthesis_items(10)
+    out = tmp_path / "out"
+    summary = run_job("synthesize", tiny_bundle, write_items(tmp_path / "items.jsonl", items), out, workers=2,
+                      log=lambda line: None, worker_class=DiesWhileWriting)
+    assert (out / "died-once").exists() and summary["failed"] == 0
+    makings = (out / "makings.log").read_text().split("\n")[:-1]
+    for item in items:  # begun once, or twice for the item whose process died; finished exactly once
+        begun, finished = makings.count(f"begun {item['id']}"), makings.count(f"finished {item['id']}")
+        assert (begun, finished) == ((2, 1) if item["id"] == "item-07" else (1, 1)), (item["id"], makings)
+    tts = RealtimeTTS(tiny_bundle)
+    for item, row in zip(items, manifest(out)):  # one row each; the redone item's WAV whole and speak's
+        audio, _ = tts.create(item["text"], "synthetic", seed=item["seed"], max_frames=item["max_frames"])
+        assert row["id"] == item["id"] and np.array_equal(sf.read(row["output"], dtype="int16")[0], to_pcm16(audio))
+    assert leftovers(out) == []  # the dead process's half-written WAV is gone too
+
+
 def test_what_would_make_the_whole_job_wrong_stops_it_before_any_worker(tiny_bundle, tiny_asr_bundle, tmp_path):
     items = write_items(tmp_path / "items.jsonl", synthesis_items(2))
     with pytest.raises(VibeVoiceError, match="cannot read the items file"):

@@ -53,8 +53,7 @@ def run_job(task: str, bundle: Path, items_path: Path, out: Path, address: str |
     items = [{**(defaults or {}), **item} for item in read_items(items_path, task)]
     folder = JobFolder(out, task)
     folder.prepare()
-    for stale in (folder.outputs, folder.rows):
-        remove_stale_partials(stale)
+    sweep(folder)
     done = folder.complete()
     pending = [item for item in items if item["id"] not in done]
     log(f"{len(items)} items: {len(done)} already complete, {len(pending)} to make with {workers} worker(s)")
@@ -68,6 +67,8 @@ def run_job(task: str, bundle: Path, items_path: Path, out: Path, address: str |
             complete = len(folder.complete() & {item["id"] for item in items})
             raise StorageFull(f"{e}; the job stopped with {complete} of {len(items)} items complete (run it again "
                               "once there is room, and it makes the rest)") from None
+        finally:
+            sweep(folder)  # what a worker that died mid-item had begun writing (Ray made the item again)
     rows = folder.write_manifest([item["id"] for item in items])
     failed = [row for row in rows if row.status != "ok"]
     wall = time.perf_counter() - start
@@ -76,6 +77,12 @@ def run_job(task: str, bundle: Path, items_path: Path, out: Path, address: str |
         f"manifest {folder.out / 'manifest.jsonl'}")
     return {"items": len(items), "skipped": len(done), "made": len(pending), "failed": len(failed),
             "wall_seconds": wall, "audio_seconds": audio, "rows": rows}
+
+
+def sweep(folder: JobFolder) -> None:
+    """Remove the half-written outputs and rows of processes that are gone (a killed worker's, or a killed run's)."""
+    for stale in (folder.outputs, folder.rows):
+        remove_stale_partials(stale)
 
 
 def _run_pipeline(pending: list[dict], worker_class, worker_options: dict, address: str | None, workers: int,
