@@ -185,3 +185,156 @@ def test_a_kept_decision_flipped_in_the_free_run_is_refused():
     gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
     decisions = next(g for g in gates if "decisions" in g.name)
     assert not decisions.passed and info["decisions"]["flipped"] == [2]
+
+
+# ---- the measures themselves, where a gate's verdict rests on their edge cases ----
+
+def test_the_measures_of_empty_silent_and_mismatched_outputs():
+    from vibevoice_onnx.verify.common import cosine, gain, relative_error, worst_gain
+
+    zeros, ones = np.zeros(8), np.ones(8)
+    assert (gain(zeros, zeros), relative_error(zeros, zeros), cosine(zeros, zeros)) == (1.0, 0.0, 1.0)
+    assert (gain(ones, zeros), relative_error(ones, zeros), cosine(ones, zeros)) == (float("inf"), float("inf"), 0.0)
+    small = np.full(8, 1e-3)  # a reference of norm below 1 is measured as any other
+    assert gain(small * 1.5, small) == pytest.approx(1.5) and relative_error(small * 1.5, small) == pytest.approx(0.5)
+    big = RNG.standard_normal(1_000_000).astype(np.float32)  # summed in float64: float32 sums would be off by ~1e-7
+    louder = (big * np.float32(1.001)).astype(np.float32)
+    a, b = louder.astype(np.float64), big.astype(np.float64)
+    assert abs(gain(louder, big) - float(a @ b / (b @ b))) < 1e-12
+    assert abs(relative_error(louder, big) - float(np.linalg.norm(a - b) / np.linalg.norm(b))) < 1e-12
+    assert worst_gain([0.99, 1 / 0.985, 1.005]) == pytest.approx(1 / 0.985) and worst_gain([1.0, float("inf")]) == float("inf")
+
+
+def test_a_tolerance_takes_a_measure_exactly_at_its_limit():
+    from vibevoice_onnx.verify.common import Tolerance
+
+    tolerance = Tolerance(cosine=0.99, gain=0.25, relative=0.5)
+    assert tolerance.judge(0.99, 1.25, 0.5) and tolerance.judge(0.99, 0.75, 0.5)
+    assert not tolerance.judge(0.9899, 1.0, 0.0) and not tolerance.judge(1.0, 1.2501, 0.0)
+    assert not tolerance.judge(1.0, 1.0, 0.5001) and Tolerance(0.99, 0.25).judge(1.0, 1.0, 1e9)
+    assert tolerance.describe() == {"min_cosine": 0.99, "max_gain_error": 0.25, "max_relative_error": 0.5}
+    assert Tolerance(0.99, 0.25).describe() == {"min_cosine": 0.99, "max_gain_error": 0.25}
+
+
+def test_compare_judges_the_worst_output_refuses_a_shape_and_takes_a_near_silent_one_by_its_largest_difference():
+    reference = RNG.standard_normal((3, 512)).astype(np.float32)
+    outputs = [off(reference[0], gain=1.01), off(reference[1], cosine=0.999), reference[2].copy()]
+    gate = compare("several", outputs, list(reference), LIMITS["int8"].graph, "three outputs")
+    assert gate.passed and gate.name == "several" and gate.detail == "three outputs"
+    assert gate.gain == pytest.approx(1.01, rel=1e-5) and gate.cosine == pytest.approx(0.999, abs=1e-6)
+    assert gate.relative == pytest.approx(np.sqrt(1 / 0.999**2 - 1), rel=1e-3)  # the noisy one's
+    assert gate.max_abs == max(float(np.abs(o - r).max()) for o, r in zip(outputs, reference))
+    wrong = compare("shape", [reference[:, :10]], [reference[:, :11]], LIMITS["fp32"].graph)
+    assert (wrong.passed, wrong.cosine, wrong.max_abs, wrong.detail) == (False, None, float("inf"), "shape [3, 10] != [3, 11]")
+    quiet = reference * 1e-5  # RMS 1e-5: direction there is rounding, so the largest difference judges
+    for nudge, passes in ((9e-5, True), (2e-4, False)):
+        judged = compare("quiet", [quiet + nudge], [quiet], LIMITS["fp32"].graph)
+        assert judged.passed == passes and judged.detail.endswith("(near-silent reference: judged by max|Δ|)")
+        assert judged.max_abs == pytest.approx(nudge, rel=1e-3)
+    loud = compare("loud", [reference + 9e-5], [reference], LIMITS["fp32"].graph)
+    assert "near-silent" not in loud.detail
+
+
+def test_exact_on_cpu_says_so_and_leaves_other_devices_to_the_tolerance():
+    reference = RNG.standard_normal(64).astype(np.float32)
+    gate = exact_on_cpu(compare("same", [reference.copy()], [reference], SAME_ARITHMETIC, "8 frames"), "cpu")
+    assert gate.passed and gate.detail == "8 frames; bitwise (CPU)"
+    assert exact_on_cpu(compare("same", [reference.copy()], [reference], SAME_ARITHMETIC), "cpu").detail == "bitwise (CPU)"
+    assert exact_on_cpu(compare("same", [reference.copy()], [reference], SAME_ARITHMETIC), "cuda").detail == ""
+
+
+def test_a_teacher_forced_run_that_left_the_trajectory_is_one_failed_gate():
+    theirs = trajectory()
+    short = forced_run(theirs)
+    short.frames = FRAMES - 1
+    gates, curves = forced_gates("loop", short, theirs, "", LIMITS["fp32"])
+    assert curves == {} and len(gates) == 1
+    gate = gates[0]
+    assert (gate.name, gate.passed, gate.max_abs) == ("loop, teacher-forced: ran the reference's trajectory", False,
+                                                      float("inf"))
+    assert gate.detail == f"{FRAMES - 1} latents against the reference's {FRAMES}"
+    none = forced_run(theirs)
+    none.frames = theirs.frames = 0
+    assert not forced_gates("loop", none, theirs, "", LIMITS["fp32"])[0][0].passed
+
+
+def test_the_teacher_forced_gates_name_the_worst_frame_and_keep_the_curves():
+    theirs = trajectory()
+    forced = forced_run(theirs)
+    forced.sampled[4] = off(theirs.latents[4], cosine=0.99)  # the worst frame of the latents
+    gates, curves = forced_gates("loop", forced, theirs, "setting", LIMITS["int8"])
+    assert [g.name for g in gates] == ["loop, teacher-forced: conditions", "loop, teacher-forced: sampled latents",
+                                       "loop, teacher-forced: sampled latent RMS ratio in [0.95, 1.05]",
+                                       "loop, teacher-forced: audio"]
+    latents = gates[1]
+    assert "worst at frame 4;" in latents.detail and latents.detail.endswith("setting")
+    assert latents.cosine == pytest.approx(0.99, abs=1e-6) and latents.max_abs > 0 and latents.relative > 0.1
+    assert latents.gain == pytest.approx(1.0, abs=0.02)
+    assert len(curves["latent_cosine"]) == FRAMES and curves["latent_cosine"][4] == pytest.approx(0.99, abs=1e-5)
+    assert len(curves["condition_cosine"]) == len(curves["latent_rms_ratio"]) == FRAMES
+
+
+def test_the_rounding_floor_grows_with_the_loops_gain_and_never_shrinks():
+    assert calibration.rounding_floor(3, 2.0) == pytest.approx([1e-6, 2e-6, 4e-6])
+    assert calibration.rounding_floor(2, None) == calibration.rounding_floor(2, 0.5) == pytest.approx([1e-6, 1e-6])
+
+
+def test_the_loops_amplification_is_fitted_before_it_saturates():
+    growing = [[1e-3 * 1.5**t for t in range(12)] for _ in range(3)]  # passes 0.5 at frame 16, past the run
+    assert calibration.amplification(growing) == pytest.approx(1.5)
+    saturating = [[min(1e-2 * 2.0**t, 0.9) for t in range(10)] for _ in range(2)]  # 0.64 at frame 6
+    assert calibration.amplification(saturating) == pytest.approx(2.0)
+    assert calibration.amplification([[0.7, 0.8, 0.9]]) is None and calibration.amplification([]) is None
+    assert calibration.amplification([[1e-3, 0.6]]) is None  # one frame to fit
+
+
+def loop_of(frames: int, rng, logits: list[float]) -> SimpleNamespace:
+    latents = [rng.standard_normal(256).astype(np.float32) for _ in range(frames)]
+    return SimpleNamespace(latents=latents, frames=frames, chunks=latents, audio=np.concatenate(latents),
+                           eos_logits=list(logits))
+
+
+def test_a_decision_the_perturbed_runs_moved_too_far_is_not_kept_and_may_flip():
+    """Kept: every perturbed run moved the reference's margin by less than a third of it. Frame 1's margin 1.0
+    moved by 0.4 in one run (more than 1/3): not kept, so the bundle may decide it either way; frame 0's margin
+    0.0 is kept by nobody; frame 2 (margin 2.0, moved 0.1) is kept, and flipping it fails."""
+    rng = np.random.default_rng(5)
+    reference = loop_of(3, rng, [0.0, 1.0, -2.0])
+    perturbed = [free_run(reference, [1e-3] * 3, rng) for _ in calibration.SEEDS]
+    for k, run in enumerate(perturbed):
+        run.eos_logits = [0.0, 1.0 - (0.4 if k == 0 else 0.1), -2.0 + 0.1]
+    error = calibration.StepError([1e-3] * 3, [0.1] * 3, [0.0] * 3)
+    ours = free_run(reference, [1e-3] * 3, rng)
+    ours.eos_logits = [0.5, -1.0, -2.0]
+    gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    decisions = next(g for g in gates if "decisions" in g.name)
+    assert decisions.passed and info["decisions"] == {"decided": [2], "flipped": []}
+    assert decisions.detail.startswith("1 of 3 kept by every perturbed run, 1 judged")
+    assert decisions.max_abs == pytest.approx(2.0)  # the largest shift of a margin: frame 1's, 1.0 to -1.0
+    ours.eos_logits = [0.5, -1.0, 0.5]
+    gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    assert info["decisions"]["flipped"] == [2] and "fails: the loop leaves the reference faster" in info["verdict"]
+
+
+def test_the_free_runs_record_says_what_it_was_judged_by():
+    rng = np.random.default_rng(6)
+    reference = loop_of(6, rng, [-3.0] * 6)
+    sizes = [1e-3 * 1.3**t for t in range(6)]
+    perturbed = [free_run(reference, sizes, rng) for _ in calibration.SEEDS]
+    error = calibration.StepError([1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3], [0.0] * 6, [0.0] * 6)
+    ours = free_run(reference, [2 * s for s in sizes], rng)
+    gates, info = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "setting")
+    assert all(g.passed for g in gates) and info["verdict"].startswith("passes: the loop does no worse")
+    assert info["judged_latents"] == 6 and info["floor"] == pytest.approx(3.5e-3) and info["margin"] == 3.0
+    assert info["amplification_per_frame"] == pytest.approx(1.3, abs=0.05) and len(info["divergence"]) == 6
+    latent = next(g for g in gates if "latent divergence" in g.name)
+    assert latent.name == "loop: latent divergence within the loop's own spread" and latent.detail.endswith("setting")
+    from vibevoice_onnx.verify.common import cosine
+
+    assert latent.cosine == min(cosine(a, b) for a, b in zip(ours.latents, reference.latents))
+    audio = next(g for g in gates if "audio divergence" in g.name)
+    assert audio.max_abs == pytest.approx(calibration.relative(ours.audio, reference.audio))
+    assert [g.name for g in gates] == ["loop: latent divergence within the loop's own spread",
+                                       "loop: latent scale (|log RMS ratio|) within the loop's own spread",
+                                       "loop: audio divergence within the loop's own spread",
+                                       "loop: per-frame EOS decisions agree where the loop's own spread keeps them"]
