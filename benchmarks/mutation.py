@@ -39,14 +39,48 @@ def change(name: str) -> str:
     return "\n".join(line for line in shown.splitlines() if re.match(r"^[-+] ", line))
 
 
+# How a survivor is read: by what its change leaves different, once the parts that cannot matter are set aside.
+STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+DTYPES = re.compile(r"(asarray\([^,()]*(?:\([^()]*\))?)(?:, *(?:None|np\.float64|F32|np\.float32)?)?\)|astype\((?:None|np\.float64)\)")
+
+
+def _same(minus: str, plus: str, normalise) -> bool:
+    return normalise(minus) == normalise(plus)
+
+
+TRIAGE = (
+    ("equivalent: float('INF') is float('inf')", lambda line: line.replace('"INF"', '"inf"')),
+    ("equivalent: a float array cast to float32 or float64 as it already is, or not at all",
+     lambda line: DTYPES.sub(lambda m: (m.group(1) + ")") if m.group(1) else "astype()", line)),
+    ("equivalent in practice: < for <= (or > for >=) between floats measured from data, equal with probability 0",
+     lambda line: line.replace("<=", "<").replace(">=", ">")),
+    ("wording: only the text of a message or a record's key", lambda line: STRINGS.sub('""', line)),
+)
+
+
+def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
+    """Each survivor's reading (TRIAGE; "open": a test could kill it), counted."""
+    counts: Counter = Counter()
+    for found in survivors.values():
+        for mutant in found:
+            lines = mutant["change"].splitlines()
+            minus = " ".join(line[2:].strip() for line in lines if line.startswith("- "))
+            plus = " ".join(line[2:].strip() for line in lines if line.startswith("+ "))
+            mutant["triage"] = next((why for why, normalise in TRIAGE if _same(minus, plus, normalise)), "open")
+            counts[mutant["triage"]] += 1
+    return dict(counts)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="mutation.json", help="the results file to write")
     parser.add_argument("--children", type=int, default=2, help="mutants run at once")
+    parser.add_argument("--reuse", action="store_true", help="report the last run in ./mutants, run nothing")
     args = parser.parse_args()
-    shutil.rmtree(REPO / "mutants", ignore_errors=True)
-    subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=REPO, stdout=subprocess.DEVNULL,
-                   check=True)
+    if not args.reuse:
+        shutil.rmtree(REPO / "mutants", ignore_errors=True)
+        subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=REPO, stdout=subprocess.DEVNULL,
+                       check=True)
     outcomes = results()
     counts = Counter(outcomes.values())
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)
@@ -59,9 +93,11 @@ def main() -> int:
               "mutants": len(outcomes), "counts": dict(counts),
               "score": round(killed / max(killed + survived, 1), 4),
               "survivors_by_function": {function: len(found) for function, found in sorted(survivors.items())},
+              "triage": triage(survivors),
               "survivors": dict(sorted(survivors.items()))}
     Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({key: report[key] for key in ("mutants", "counts", "score", "survivors_by_function")}, indent=1))
+    print(json.dumps({key: report[key] for key in ("mutants", "counts", "score", "survivors_by_function", "triage")},
+                     indent=1))
     return 0
 
 
