@@ -157,17 +157,22 @@ def live_streams(url: str, model: str = "vibevoice-realtime-cpu-fp32") -> int:
 LONG_SPEECH = 100_000  # frames: minutes of work even for a tiny bundle, so a gathered answer could not come early
 
 
-def assert_audio_streams_while_it_is_made(client, text: str, url: str | None = None) -> None:
+def assert_audio_streams_while_it_is_made(client, text: str, url: str | None = None, log: Path | None = None) -> None:
     """Speech is streamed as it decodes, not gathered: the first audio of a request for LONG_SPEECH frames comes
     within the client's timeout (a server that gathered would send nothing before the end, minutes later), and,
     where `url` is the server itself (not a proxy in front of replicas, which routes a look to an idle one),
-    while it reports that generation running. Judged by events, not by timing."""
+    while it reports that generation running (held there by the client that reads nothing more: serve.http.Pump).
+    Judged by events, not by timing. `log`: the server's, whose lines of this request a failure shows."""
     with client.audio.speech.with_streaming_response.create(
             model="tts-1", voice="alloy", input=text, response_format="pcm",
             extra_body={"seed": 1, "max_frames": LONG_SPEECH}) as response:
         assert next(response.iter_bytes())  # the client reads nothing more while it looks
         if url is not None:
-            assert eventually(lambda: live_streams(url) >= 1, 60), "no generation running while its audio streams"
+            if not eventually(lambda: live_streams(url) >= 1, 60):
+                request = response.headers.get("x-request-id", "?")
+                lines = [line for line in log.read_text().splitlines() if request in line] if log else []
+                raise AssertionError(f"no generation running while its audio streams (request {request}; the "
+                                     f"server's log of it: {lines})")
 
 
 # A realtime bundle's graphs a gain is put into on purpose (verify.calibration.scaled_output): graph -> (its output,

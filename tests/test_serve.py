@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from vibevoice_onnx.serve import Models, Settings, create_app  # noqa: E402
 
 from conftest import write_voice_sample  # noqa: E402
+from helpers import eventually  # noqa: E402
 
 TEXT = "Serving speech the way OpenAI's clients expect it."
 
@@ -494,3 +495,43 @@ def test_limits_that_would_stall_the_server_are_refused(field, value, flag):
 
     with pytest.raises(VibeVoiceError, match=f"{flag} must be at least"):
         Settings(**{field: value})
+
+
+def test_a_job_runs_at_most_pump_ahead_items_ahead_of_its_reader_and_stops_with_it():
+    """A client that stops reading holds its generation: the job's emits wait for the reader (the server never
+    gathers the rest of a stream in memory), and once the reader stops, the waiting job ends."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vibevoice_onnx.serve.http import PUMP_AHEAD, Pump
+
+    taken, ahead, ended = [0], [], threading.Event()
+
+    def job(emit):
+        try:
+            for index in range(10 * PUMP_AHEAD):
+                emit(index)
+                ahead.append(index + 1 - taken[0])  # emitted and not yet taken, as the job sees it
+        finally:
+            ended.set()
+
+    async def read_one_then_wait():
+        with ThreadPoolExecutor(1) as workers:
+            pump = Pump(job, workers)
+            async for _ in pump:
+                taken[0] += 1
+                break
+            # a reader that reads nothing more: the job must come to wait, not run to its end
+            await asyncio.get_running_loop().run_in_executor(None, lambda: eventually(
+                lambda: len(ahead) >= PUMP_AHEAD + 1, 30))
+            await asyncio.sleep(0.5)  # room for a job that would not wait to run on (it takes microseconds)
+            waiting = len(ahead)
+            pump.stop()
+            await asyncio.get_running_loop().run_in_executor(None, lambda: ended.wait(30))
+            return waiting
+
+    emitted = asyncio.run(read_one_then_wait())
+    assert emitted == PUMP_AHEAD + 1  # the one taken and PUMP_AHEAD waiting
+    assert max(ahead) <= PUMP_AHEAD + 1
+    assert ended.is_set()  # the stopped job ended at its waiting emit

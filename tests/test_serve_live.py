@@ -89,7 +89,7 @@ def test_lossy_formats_keep_the_duration_and_the_waveform(server, tiny_bundle, f
 
 
 def test_audio_streams_as_it_decodes_and_a_client_that_leaves_stops_it(server):
-    assert_audio_streams_while_it_is_made(server.client(), TEXT, server.url)
+    assert_audio_streams_while_it_is_made(server.client(), TEXT, server.url, server.log)
     assert eventually(lambda: live_streams(server.url) == 0, 60), "the generation ran on after its client left"
 
 

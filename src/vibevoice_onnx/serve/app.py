@@ -147,7 +147,7 @@ class _State:
         admission = self.admission
         await admission.enter()
         try:
-            pump = Pump(job, self.workers, on_stop=on_stop)
+            pump = Pump(job, self.workers, on_stop=on_stop, stopping=self.settings.stopping)
         except BaseException:
             admission.leave()
             raise

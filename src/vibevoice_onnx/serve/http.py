@@ -222,15 +222,26 @@ class Stopped(Exception):
 _ITEM, _DONE, _FAILED = range(3)
 
 
+PUMP_AHEAD = 8  # items a job may emit before the event loop takes them (a frame of audio each, about a second)
+
+
 class Pump:
     """Runs `job(emit)` in a worker thread; what it emits reaches the event loop as it comes (`async for`),
     and what it returns is `result` afterwards. `stop()` makes the next `emit` raise, so a generation stops
-    at its next frame; `on_stop` wakes a job that waits for something else (streamed text)."""
+    at its next frame; `on_stop` wakes a job that waits for something else (streamed text); once `stopping` (the
+    server's shutdown) is set, a job waits for room no more (it ends at its next item).
 
-    def __init__(self, job: Callable[[Callable[[Any], None]], Any], executor, on_stop: Callable[[], None] | None = None):
+    At most PUMP_AHEAD items wait to be taken: past that `emit` waits, so a client that stops reading holds its
+    generation where it is (parked in its batch) instead of the server gathering the rest of its audio, up to
+    the whole context, in memory."""
+
+    def __init__(self, job: Callable[[Callable[[Any], None]], Any], executor, on_stop: Callable[[], None] | None = None,
+                 stopping: threading.Event | None = None):
         loop = asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
         self.stopped, self.result, self._on_stop = threading.Event(), None, on_stop
+        self._room = room = threading.Semaphore(PUMP_AHEAD)
+        stopping = stopping or threading.Event()
 
         def put(kind, value):
             try:
@@ -239,6 +250,11 @@ class Pump:
                 self.stopped.set()
 
         def emit(item):
+            while not room.acquire(timeout=0.05):
+                if self.stopped.is_set():
+                    raise Stopped()
+                if stopping.is_set():  # the job ends at its next item: what it still emits goes out past the bound
+                    break
             if self.stopped.is_set():
                 raise Stopped()
             put(_ITEM, item)
@@ -262,6 +278,7 @@ class Pump:
         while True:
             kind, value = await self.items.get()
             if kind == _ITEM:
+                self._room.release()
                 yield value
             elif kind == _DONE:
                 self.result = value
