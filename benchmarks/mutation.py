@@ -3,8 +3,12 @@
 (pyproject.toml's [tool.mutmut]: the paths mutated, the tests run); a mutant no test notices survives.
 
     .venv/bin/python benchmarks/mutation.py --out benchmarks/results/DATE-mutation-verify.json     # about 7 minutes
+    .venv/bin/python benchmarks/mutation.py --sources src/vibevoice_onnx/generation/common.py \
+        src/vibevoice_onnx/generation/realtime.py --tests tests/test_scheduler.py tests/test_loop_upstream.py \
+        tests/test_generate.py --out benchmarks/results/DATE-mutation-generation.json
 
-Needs `pip install mutmut` (3.x). It works in ./mutants (removed first). The results: the counts by outcome, the
+Needs `pip install mutmut` (3.x). With pyproject.toml's [tool.mutmut] it works in ./mutants (removed first); with
+--sources and --tests, in a scratch copy of the checkout whose [tool.mutmut] names them. The results: the counts by outcome, the
 score (killed / (killed + survived): the mutants some test covers), and every survivor with its change, grouped by
 function, for triage. Not part of CI.
 """
@@ -27,15 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 MUTMUT = [str(Path(sys.executable).parent / "mutmut")]
 
 
-def results() -> dict[str, str]:
+def results(where: Path) -> dict[str, str]:
     """Every mutant's outcome, by name (mutmut's own words: killed, survived, no tests, timeout, ...)."""
-    listing = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=REPO, capture_output=True, text=True, check=True)
+    listing = subprocess.run([*MUTMUT, "results", "--all", "true"], cwd=where, capture_output=True, text=True,
+                             check=True)
     return dict(line.strip().rsplit(": ", 1) for line in listing.stdout.splitlines() if ": " in line)
 
 
-def change(name: str) -> str:
+def change(name: str, where: Path) -> str:
     """The mutant's change, as the lines it removes and adds."""
-    shown = subprocess.run([*MUTMUT, "show", name], cwd=REPO, capture_output=True, text=True).stdout
+    shown = subprocess.run([*MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
     return "\n".join(line for line in shown.splitlines() if re.match(r"^[-+] ", line))
 
 
@@ -71,24 +76,51 @@ def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
     return dict(counts)
 
 
+def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: bool) -> Path:
+    """A copy of the checkout (what git tracks, as it is now) whose [tool.mutmut] mutates `sources` against
+    `tests`: mutmut reads its settings from pyproject.toml alone, and this checkout's stay as they are."""
+    if not reuse:
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+        for name in filter(None, tracked.decode().split("\0")):
+            if (REPO / name).is_file():
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, scratch / name)
+        project = (scratch / "pyproject.toml").read_text()
+        for key, value in (("source_paths", sources), ("pytest_add_cli_args_test_selection", tests)):
+            project = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", project, count=1, flags=re.M)
+        (scratch / "pyproject.toml").write_text(project)
+        # the tests find ../shared from where mutmut runs them (scratch/mutants), as they do from a checkout
+        (scratch / "shared").symlink_to(REPO.parent / "shared")
+    return scratch
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="mutation.json", help="the results file to write")
     parser.add_argument("--children", type=int, default=2, help="mutants run at once")
-    parser.add_argument("--reuse", action="store_true", help="report the last run in ./mutants, run nothing")
+    parser.add_argument("--reuse", action="store_true", help="report the last run (in ./mutants or --scratch), run "
+                        "nothing")
+    parser.add_argument("--sources", nargs="+", help="the files to mutate (default: pyproject.toml's [tool.mutmut])")
+    parser.add_argument("--tests", nargs="+", help="the tests that judge them (with --sources)")
+    parser.add_argument("--scratch", default="/tmp/vibevoice-onnx-mutation", help="the scratch copy --sources uses")
     args = parser.parse_args()
+    if bool(args.sources) != bool(args.tests):
+        parser.error("--sources and --tests go together")
+    where = scratch_copy(Path(args.scratch), args.sources, args.tests, args.reuse) if args.sources else REPO
     if not args.reuse:
-        shutil.rmtree(REPO / "mutants", ignore_errors=True)
-        subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=REPO, stdout=subprocess.DEVNULL,
+        shutil.rmtree(where / "mutants", ignore_errors=True)
+        subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=where, stdout=subprocess.DEVNULL,
                        check=True)
-    outcomes = results()
+    outcomes = results(where)
     counts = Counter(outcomes.values())
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)
     survivors = defaultdict(list)
     for name, outcome in outcomes.items():
         if outcome == "survived":
-            survivors[name.rsplit("__mutmut_", 1)[0]].append({"mutant": name, "change": change(name)})
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]
+            survivors[name.rsplit("__mutmut_", 1)[0]].append({"mutant": name, "change": change(name, where)})
+    config = tomllib.loads((where / "pyproject.toml").read_text())["tool"]["mutmut"]
     report = {**header(), "paths_mutated": config["source_paths"], "tests": config["pytest_add_cli_args_test_selection"],
               "mutants": len(outcomes), "counts": dict(counts),
               "score": round(killed / max(killed + survived, 1), 4),
