@@ -29,11 +29,12 @@ def need_shared_voices() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_dir(tmp_path_factory, worker_id) -> Path:
+def shared_dir(tmp_path_factory) -> Path:
     """A folder every xdist worker of this run sees (the parent of each worker's own base folder): what the
-    session fixtures make once for all workers lives there (the tiny checkpoints and their fp32 bundles)."""
+    session fixtures make once for all workers lives there (the tiny checkpoints and their fp32 bundles). Read
+    from xdist's environment, not its `worker_id` fixture, so a run without xdist loaded (mutmut's) works too."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def made_once(shared: Path, name: str, make) -> Path:

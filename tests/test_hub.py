@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -171,6 +172,8 @@ def test_push_dry_run_then_pull_round_trips_a_bundle(first_use, hub, tmp_path):
     assert card.data.pipeline_tag == "text-to-speech" and card.data.base_model == REALTIME_ID
     assert card.data.license == "mit" and card.data.library_name == "vibevoice-onnx" and "onnx" in card.data.tags
     assert "## Parity gates" in card.text and "vibevoice-onnx speak --model me/realtime-onnx" in card.text
+    # each gate with its size and bias beside its direction (fp32: cosine and gain 1 to 6 places, a tiny error)
+    assert re.search(r"\| acoustic_connector \| 1\.000000 \| \d\.\d\de-0[5-9] \| 1\.000000 \|", card.text), card.text
     assert "`vibevoice-onnx bench" in card.text and "- real-time factor: " in card.text
 
     hub.add_repo("me/realtime-onnx", staged)

@@ -141,10 +141,15 @@ def usage(bundle: Bundle, repo_id: str) -> str:
 
 
 def gate_section(parity: dict) -> str:
-    rows = ["| gate | cosine | max abs diff | result |", "|---|---|---|---|"]
+    """The gates as the card shows them: direction (cosine), size (relative error) and bias (gain), each "-" where
+    a gate or an older bundle's record has none."""
+    def cell(gate: dict, key: str, spec: str) -> str:
+        return "-" if gate.get(key) is None else format(gate[key], spec)
+
+    rows = ["| gate | cosine | rel. error | gain | max abs diff | result |", "|---|---|---|---|---|---|"]
     for gate in parity["gates"]:
-        cosine = "-" if gate.get("cosine") is None else f"{gate['cosine']:.6f}"
-        rows.append(f"| {gate['name']} | {cosine} | {gate['max_abs']:.2e} | {'pass' if gate['passed'] else 'FAIL'} |")
+        rows.append(f"| {gate['name']} | {cell(gate, 'cosine', '.6f')} | {cell(gate, 'relative', '.2e')} | "
+                    f"{cell(gate, 'gain', '.6f')} | {gate['max_abs']:.2e} | {'pass' if gate['passed'] else 'FAIL'} |")
     when = parity.get("verified_at", "?")
     return (f"## Parity gates\n\nVerified {when} against {parity.get('reference', 'the fp32 PyTorch reference')} "
             f"({parity.get('precision')}); every gate passed.\n\n" + "\n".join(rows))
