@@ -46,6 +46,7 @@ def change(name: str, where: Path) -> str:
 
 # How a survivor is read: by what its change leaves different, once the parts that cannot matter are set aside.
 STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+ERRORS = re.compile(r"VibeVoiceError\(.*\)")
 DTYPES = re.compile(r"(asarray\([^,()]*(?:\([^()]*\))?)(?:, *(?:None|np\.float64|F32|np\.float32)?)?\)|astype\((?:None|np\.float64)\)")
 
 
@@ -60,6 +61,7 @@ TRIAGE = (
     ("equivalent in practice: < for <= (or > for >=) between floats measured from data, equal with probability 0",
      lambda line: line.replace("<=", "<").replace(">=", ">")),
     ("wording: only the text of a message or a record's key", lambda line: STRINGS.sub('""', line)),
+    ("wording: an error's message", lambda line: ERRORS.sub("VibeVoiceError()", line)),
 )
 
 

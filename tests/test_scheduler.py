@@ -97,3 +97,73 @@ def test_noise_sources(tmp_path):
     (tmp_path / "empty.npy").write_bytes(b"")
     with pytest.raises(VibeVoiceError, match="not a readable .npy noise file"):
         NoiseSource.from_file(tmp_path / "empty.npy")
+
+
+def test_one_step_and_the_bounds_of_the_steps():
+    """One step is allowed (upstream's range starts at 1) and equals diffusers'; 0 and the training length are
+    refused in one sentence; timesteps are integers and sigmas fp32, as the graphs take them."""
+    from vibevoice_onnx.errors import VibeVoiceError
+
+    one = DpmSolverSchedule.create(1)
+    assert one.timesteps.tolist() == [999] and one.timesteps.dtype == np.int64 and one.sigmas.dtype == np.float32
+    assert DpmSolverSchedule.create(5).sigmas.dtype == np.float32
+    for steps in (0, 1000):
+        with pytest.raises(VibeVoiceError, match=f"diffusion steps must be from 1 to 999, got {steps}"):
+            DpmSolverSchedule.create(steps)
+    with pytest.raises(VibeVoiceError, match="beta schedule 'linear' is not supported"):
+        DpmSolverSchedule.create(5, beta_schedule="linear")
+
+
+def test_the_sampler_computes_no_infinity_or_nan_on_the_way():
+    """The last step (sigma 0) returns the data prediction directly: taking it through the general update would
+    divide by zero and take log(0), and land on the same numbers only by luck of IEEE arithmetic."""
+    s = DpmSolverSchedule.create(5)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        latent = sample_latent(s, NoiseSource.from_seed(5)(0), lambda x, t: (toy_velocity(0)(x, t),) * 2, 1.5)
+    assert latent.dtype == np.float32 and np.isfinite(latent).all()
+
+
+class _Marks:
+    """A pickle whose loading writes a file: the trace of code run by an unpickler."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_noise_file_is_read_without_pickles_and_checked(tmp_path):
+    """Noise files are untrusted input: an object array (a pickle inside an .npy) is refused, never unpickled;
+    so are an empty file of rows, integers and non-finite values. What is taken records where it came from."""
+    from vibevoice_onnx.errors import VibeVoiceError
+
+    marker = tmp_path / "unpickled"
+    np.save(tmp_path / "objects.npy", np.array([_Marks(str(marker))], dtype=object), allow_pickle=True)
+    with pytest.raises(VibeVoiceError):
+        NoiseSource.from_file(tmp_path / "objects.npy")
+    assert not marker.exists()  # loading it would have run the pickle's code
+    for name, rows, sentence in (("none.npy", np.zeros((0, 64), np.float32), "at least one frame"),
+                                 ("ints.npy", np.ones((2, 64), np.int32), "finite floating-point"),
+                                 ("nan.npy", np.full((2, 64), np.nan, np.float32), "finite floating-point")):
+        np.save(tmp_path / name, rows)
+        with pytest.raises(VibeVoiceError, match=sentence):
+            NoiseSource.from_file(tmp_path / name)
+    rows = np.ones((1, 8), np.float64)
+    np.save(tmp_path / "small.npy", rows)
+    taken = NoiseSource.from_file(tmp_path / "small.npy", latent_size=8)
+    assert taken.latent_size == 8 and taken.origin == str(tmp_path / "small.npy") and taken(0).dtype == np.float32
+    seeded = NoiseSource.from_seed(9, latent_size=8)
+    assert seeded.origin == "seed 9" and seeded(0).shape == (8,)
+
+
+@pytest.mark.parametrize("logit", [-100.0, -20.0, -3.5, -1e-3, 0.0, 1e-3, 0.7, 3.5, 20.0, 100.0])
+def test_the_eos_probability_is_the_logistic_of_the_logit(logit):
+    """The EOS classifier's probability, in fp32 as upstream's torch.sigmoid, for either sign and far out."""
+    from vibevoice_onnx.generation.realtime import eos_fires, sigmoid
+
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        p = sigmoid(logit)
+    assert p.dtype == np.float32
+    assert p == pytest.approx(float(torch.sigmoid(torch.tensor(logit, dtype=torch.float32))), rel=1e-6, abs=1e-30)
+    assert eos_fires(logit) == (logit > 0)
