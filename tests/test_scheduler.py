@@ -29,7 +29,7 @@ def toy_velocity(seed):
     return lambda x, t: (np.tanh(w @ x) * (1 + t / 1000)).astype(np.float32)
 
 
-@pytest.mark.parametrize("steps", [5, 10, 20])
+@pytest.mark.parametrize("steps", [1, 5, 10, 20])
 def test_matches_diffusers_step_by_step(steps):
     ours = DpmSolverSchedule.create(steps)
     theirs = diffusers_scheduler(steps)
