@@ -203,6 +203,27 @@ def test_the_measures_of_empty_silent_and_mismatched_outputs():
     assert abs(gain(louder, big) - float(a @ b / (b @ b))) < 1e-12
     assert abs(relative_error(louder, big) - float(np.linalg.norm(a - b) / np.linalg.norm(b))) < 1e-12
     assert worst_gain([0.99, 1 / 0.985, 1.005]) == pytest.approx(1 / 0.985) and worst_gain([1.0, float("inf")]) == float("inf")
+    # the farthest from 1 as a ratio, whichever side: not the largest value, and a gain under 1 counts
+    assert worst_gain([0.5, 1.2]) == 0.5 and worst_gain([0.97, 1.02]) == 0.97 and np.isnan(worst_gain([1.1, np.nan]))
+
+
+def test_the_loops_measures_of_small_signals_empty_runs_and_eos_margins():
+    """The free run's measures keep their size for signals far below 1 (a quiet segment of audio), name no
+    divergence where no frame was judged, and orient each EOS logit by the reference's decision there."""
+    small = np.full(16, 1e-3)
+    assert calibration.relative(small * 1.5, small) == pytest.approx(0.5)
+    assert calibration.signed_log_rms_ratio(small * 2, small) == pytest.approx(np.log(2))
+    assert calibration.signed_log_rms_ratio(small, small * 4) == pytest.approx(-np.log(4))
+    run = SimpleNamespace(eos_logits=[2.0, -3.0, 0.5], audio=np.ones(8), chunks=[np.ones(4), np.ones(4)])
+    reference = SimpleNamespace(eos_logits=[1.0, -1.0, -0.1], audio=np.full(8, 2.0), chunks=[np.ones(4), np.ones(4)])
+    assert calibration._eos_margins(run, reference) == [2.0, 3.0, -0.5]
+    assert calibration._audio_divergence(run, reference, 0) == 0.0
+    assert calibration._audio_divergence(run, reference, 1) == pytest.approx(0.5)
+    gate, ratio, frame = calibration._within("loop", [], [], "latent divergence", "", [])
+    assert (gate.passed, gate.max_abs, ratio, frame) == (True, 0.0, 0.0, 0)
+    gate, ratio, frame = calibration._within("loop", [0.1, 0.9, 0.2], [0.1, 0.1, 0.1], "latent divergence", "",
+                                             [1e-6] * 3)
+    assert (gate.passed, gate.max_abs, frame) == (False, 0.9, 1) and ratio == pytest.approx(9.0)
 
 
 def test_a_tolerance_takes_a_measure_exactly_at_its_limit():
@@ -225,7 +246,10 @@ def test_compare_judges_the_worst_output_refuses_a_shape_and_takes_a_near_silent
     assert gate.relative == pytest.approx(np.sqrt(1 / 0.999**2 - 1), rel=1e-3)  # the noisy one's
     assert gate.max_abs == max(float(np.abs(o - r).max()) for o, r in zip(outputs, reference))
     wrong = compare("shape", [reference[:, :10]], [reference[:, :11]], LIMITS["fp32"].graph)
-    assert (wrong.passed, wrong.cosine, wrong.max_abs, wrong.detail) == (False, None, float("inf"), "shape [3, 10] != [3, 11]")
+    assert (wrong.name, wrong.passed, wrong.cosine, wrong.max_abs, wrong.detail) == (
+        "shape", False, None, float("inf"), "shape [3, 10] != [3, 11]")
+    empty = compare("empty", [np.zeros((0, 4))], [np.zeros((0, 4))], LIMITS["fp32"].graph)
+    assert empty.max_abs == 0.0
     quiet = reference * 1e-5  # RMS 1e-5: direction there is rounding, so the largest difference judges
     for nudge, passes in ((9e-5, True), (2e-4, False)):
         judged = compare("quiet", [quiet + nudge], [quiet], LIMITS["fp32"].graph)
@@ -233,6 +257,9 @@ def test_compare_judges_the_worst_output_refuses_a_shape_and_takes_a_near_silent
         assert judged.max_abs == pytest.approx(nudge, rel=1e-3)
     loud = compare("loud", [reference + 9e-5], [reference], LIMITS["fp32"].graph)
     assert "near-silent" not in loud.detail
+    # near-silent only where every output's reference is: a loud one judges the gate by the tolerance
+    mixed = compare("mixed", [reference[0] * 1.5, quiet[0]], [reference[0], quiet[0]], LIMITS["fp32"].graph)
+    assert not mixed.passed and "near-silent" not in mixed.detail
 
 
 def test_exact_on_cpu_says_so_and_leaves_other_devices_to_the_tolerance():
@@ -272,6 +299,9 @@ def test_the_teacher_forced_gates_name_the_worst_frame_and_keep_the_curves():
     assert latents.gain == pytest.approx(1.0, abs=0.02)
     assert len(curves["latent_cosine"]) == FRAMES and curves["latent_cosine"][4] == pytest.approx(0.99, abs=1e-5)
     assert len(curves["condition_cosine"]) == len(curves["latent_rms_ratio"]) == FRAMES
+    ratio = gates[2]
+    assert ratio.max_abs == pytest.approx(max(abs(r - 1) for r in curves["latent_rms_ratio"]), abs=1e-4)
+    assert ratio.detail.startswith("ratios ") and ratio.detail.endswith("setting")
 
 
 def test_the_rounding_floor_grows_with_the_loops_gain_and_never_shrinks():

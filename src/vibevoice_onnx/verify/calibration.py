@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..generation.common import SpeechResult, Steering
-from .common import Gate, cosine, rms
+from .common import Gate, cosine, relative_error, rms
 
 SEEDS = (101, 102, 103, 104)  # one perturbed reference run each; fixed, so a verdict is reproducible
 MARGIN = 3.0  # how much worse than the worst same-sized random perturbation a bundle's loop may do
@@ -44,10 +44,7 @@ RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations
         f"the farthest of them had by each frame, and must keep every decision they all keep {MARGIN:g}x clear")
 
 
-def relative(a: np.ndarray, b: np.ndarray) -> float:
-    """||a - b|| / ||b||: direction and scale at once."""
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+relative = relative_error  # ||a - b|| / ||b||: direction and scale at once (one definition, verify.common's)
 
 
 def _at(values: list[float], index: int) -> float:

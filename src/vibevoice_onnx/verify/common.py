@@ -178,7 +178,7 @@ def compare(name: str, outputs: list, references: list, tolerance: Tolerance, de
         relatives.append(relative_error(ours, ref))
         gains.append(gain(ours, ref))
         max_abs = max(max_abs, float(np.abs(ours - ref).max()) if ours.size else 0.0)
-        silent &= float(np.sqrt(np.mean(ref.astype(np.float64) ** 2))) < SILENT_RMS
+        silent &= (rms(ref) if ref.size else 0.0) < SILENT_RMS
     worst, relative, bias = min(cosines), max(relatives), worst_gain(gains)
     passed = max_abs <= SILENT_MAX_ABS if silent else tolerance.judge(worst, bias, relative)
     return Gate(name, worst, max_abs, passed, detail + (" (near-silent reference: judged by max|Δ|)" if silent else ""),
