@@ -211,7 +211,7 @@ def test_the_loops_measures_of_small_signals_empty_runs_and_eos_margins():
     """The free run's measures keep their size for signals far below 1 (a quiet segment of audio), name no
     divergence where no frame was judged, and orient each EOS logit by the reference's decision there."""
     small = np.full(16, 1e-3)
-    assert calibration.relative(small * 1.5, small) == pytest.approx(0.5)
+    assert calibration.relative_error(small * 1.5, small) == pytest.approx(0.5)
     assert calibration.signed_log_rms_ratio(small * 2, small) == pytest.approx(np.log(2))
     assert calibration.signed_log_rms_ratio(small, small * 4) == pytest.approx(-np.log(4))
     run = SimpleNamespace(eos_logits=[2.0, -3.0, 0.5], audio=np.ones(8), chunks=[np.ones(4), np.ones(4)])
@@ -363,7 +363,7 @@ def test_the_free_runs_record_says_what_it_was_judged_by():
 
     assert latent.cosine == min(cosine(a, b) for a, b in zip(ours.latents, reference.latents))
     audio = next(g for g in gates if "audio divergence" in g.name)
-    assert audio.max_abs == pytest.approx(calibration.relative(ours.audio, reference.audio))
+    assert audio.max_abs == pytest.approx(calibration.relative_error(ours.audio, reference.audio))
     assert [g.name for g in gates] == ["loop: latent divergence within the loop's own spread",
                                        "loop: latent scale (|log RMS ratio|) within the loop's own spread",
                                        "loop: audio divergence within the loop's own spread",

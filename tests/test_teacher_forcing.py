@@ -205,7 +205,8 @@ def test_a_perturbation_carries_the_measured_error_sign_and_all(path):
     """What a perturbed reference run feeds back is off by exactly the bundle's one-step error at that frame:
     its relative size and its signed scale part (the latent, and the 1.5B's semantic features of the decoded
     audio); features are left alone where none were measured (realtime)."""
-    from vibevoice_onnx.verify.calibration import Perturbation, StepError, relative, signed_log_rms_ratio
+    from vibevoice_onnx.verify.calibration import Perturbation, StepError, signed_log_rms_ratio
+    from vibevoice_onnx.verify.common import relative_error
 
     error, scale = [0.01, 0.05, 0.2], [0.0, -0.03, 0.15]
     measured = StepError(error, [0.0], scale) if path == "latent" else StepError([0.0], [0.0], (), error, scale)
@@ -219,6 +220,6 @@ def test_a_perturbation_carries_the_measured_error_sign_and_all(path):
             result.latents.append(own)  # a latent's features come after it: frame = latents made - 1
             off = perturbation.features(own, result)
         random_part = 3 * error[frame] / np.sqrt(own.size) + error[frame] ** 2 / 2  # moves the norm a little
-        assert relative(off, own) == pytest.approx(error[frame], abs=random_part)
+        assert relative_error(off, own) == pytest.approx(error[frame], abs=random_part)
         assert signed_log_rms_ratio(off, own) == pytest.approx(scale[frame], abs=random_part)
     assert Perturbation(StepError([0.1], [0.1]), seed=5).features(own, result) is own

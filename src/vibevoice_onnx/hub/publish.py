@@ -11,7 +11,7 @@ from ..errors import BundleError, VibeVoiceError
 from ..families import family
 from ..outputs import atomic_directory
 from ..runtime.bundle import MANIFEST, MODEL_CARD, Bundle, record_files, write_manifest
-from ..runtime.manifest import Manifest
+from ..runtime.manifest import GATE_COLUMNS, Manifest, gate_cells
 from .repos import Snapshot, hub_errors, parse_ref
 from .resolve import pull_bundle
 
@@ -141,15 +141,9 @@ def usage(bundle: Bundle, repo_id: str) -> str:
 
 
 def gate_section(parity: dict) -> str:
-    """The gates as the card shows them: direction (cosine), size (relative error) and bias (gain), each "-" where
-    a gate or an older bundle's record has none."""
-    def cell(gate: dict, key: str, spec: str) -> str:
-        return "-" if gate.get(key) is None else format(gate[key], spec)
-
-    rows = ["| gate | cosine | rel. error | gain | max abs diff | result |", "|---|---|---|---|---|---|"]
-    for gate in parity["gates"]:
-        rows.append(f"| {gate['name']} | {cell(gate, 'cosine', '.6f')} | {cell(gate, 'relative', '.2e')} | "
-                    f"{cell(gate, 'gain', '.6f')} | {gate['max_abs']:.2e} | {'pass' if gate['passed'] else 'FAIL'} |")
+    """The gates as the card shows them: direction (cosine), size (relative error) and bias (gain)."""
+    rows = [f"| {' | '.join(cells)} |" for cells in (GATE_COLUMNS, ("---",) * len(GATE_COLUMNS),
+                                                         *map(gate_cells, parity["gates"]))]
     when = parity.get("verified_at", "?")
     return (f"## Parity gates\n\nVerified {when} against {parity.get('reference', 'the fp32 PyTorch reference')} "
             f"({parity.get('precision')}); every gate passed.\n\n" + "\n".join(rows))

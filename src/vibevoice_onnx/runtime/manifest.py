@@ -31,6 +31,19 @@ def damaged(path: Path, problem: str) -> BundleError:
     return BundleError(f"{path}: this bundle is damaged: {problem} (rebuild it with `vibevoice-onnx build`)")
 
 
+# A parity record's gate as every table shows it (verify's and the Hub card's): its columns, and each gate's cells
+# ("-" where a gate, or an older bundle's record, has no such number).
+GATE_COLUMNS = ("gate", "cosine", "rel. error", "gain", "max |Δ|", "result")
+
+
+def gate_cells(gate: dict) -> tuple[str, ...]:
+    def cell(key: str, spec: str) -> str:
+        return "-" if gate.get(key) is None else format(gate[key], spec)
+
+    return (gate["name"], cell("cosine", ".6f"), cell("relative", ".2e"), cell("gain", ".6f"), cell("max_abs", ".2e"),
+            "pass" if gate["passed"] else "FAIL")
+
+
 # The fields every bundle of this format has, with their JSON type.
 REQUIRED = (("model_kind", str), ("precision", str), ("device", str), ("config", dict), ("graphs", dict),
             ("tokenizer", dict), ("source", dict), ("host_tensors", str))

@@ -21,8 +21,8 @@ from ..runtime.asr import ENCODERS, PIECE_FRAMES, AsrBatch, OnnxAsrBackend
 from ..runtime.bundle import Bundle
 from ..families import load
 from ..transcription import prompt_builder
-from .common import (BATCH_LATE_AFTER, BATCHED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, cosine,
-                     gain, lm_gates, relative_error)
+from .common import (BATCH_LATE_AFTER, BATCHED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare,
+                     frames_gate, lm_gates)
 
 LOOP_TOKENS = 32
 SPEECH = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
@@ -108,18 +108,13 @@ def forced_gates(loop: str, step: str, tokens: list[int], ours: list[np.ndarray]
     clear = [i for i, margin in enumerate(margins) if margin > limits.decision_floor]
     picks = theirs.argmax(axis=1)
     disagree = [i for i in clear if picks[i] != tokens[i]]
-    pairs = list(zip(ours, theirs))
-    logit_cos = min((cosine(a, b) for a, b in pairs), default=0.0)
-    diff = max((float(np.abs(a - b).max()) for a, b in pairs), default=0.0)
-    relative = max((relative_error(a, b) for a, b in pairs), default=0.0)
-    bias = gain(np.concatenate([np.ravel(a) for a, _ in pairs]), np.concatenate([np.ravel(b) for _, b in pairs])) if pairs else 1.0
     agree, smallest = greedy_agreement(tokens, theirs), float(margins.min(initial=np.inf))
     detail = (f"{setting}; {len(clear)} of {len(margins)} {step}s clear of the {limits.decision_floor} margin floor, "
               f"{len(disagree)} disagree{f' ({step}s ' + ', '.join(map(str, disagree[:10])) + ')' if disagree else ''}; "
               f"the reference's greedy pick agrees on the first {agree}; smallest top-2 logit margin {smallest:.3g}")
-    gates = [Gate(f"{loop}, teacher-forced: greedy picks agree", None, diff, not disagree, detail),
-             Gate(f"{loop}, teacher-forced: per-{step} logits", logit_cos, diff,
-                  limits.forced_condition.judge(logit_cos, bias, relative), detail, relative=relative, gain=bias)]
+    logits = frames_gate(f"{loop}, teacher-forced: per-{step} logits", list(zip(ours, theirs)),
+                         limits.forced_condition, detail)
+    gates = [Gate(f"{loop}, teacher-forced: greedy picks agree", None, logits.max_abs, not disagree, detail), logits]
     return gates, {"tokens": len(tokens), "agreeing_prefix": agree, "decided_steps": len(clear),
                    "disagreeing_steps": disagree, "smallest_margin": smallest}
 

@@ -44,9 +44,6 @@ RULE = (f"the bundle's one-step error (teacher-forced) injected as perturbations
         f"the farthest of them had by each frame, and must keep every decision they all keep {MARGIN:g}x clear")
 
 
-relative = relative_error  # ||a - b|| / ||b||: direction and scale at once (one definition, verify.common's)
-
-
 def _at(values: list[float], index: int) -> float:
     """values[index], or their median past the end (a perturbed run may outlast the measured trajectory)."""
     if index < len(values):
@@ -130,7 +127,7 @@ class StepError:
 def _errors(ours: list[np.ndarray], theirs: list[np.ndarray]) -> tuple[list[float], list[float]]:
     """Per pair: the relative error, and its signed log RMS ratio (the part of it that is scale)."""
     pairs = list(zip(ours, theirs))
-    return [relative(a, b) for a, b in pairs], [signed_log_rms_ratio(a, b) for a, b in pairs]
+    return [relative_error(a, b) for a, b in pairs], [signed_log_rms_ratio(a, b) for a, b in pairs]
 
 
 def _direction(rng: np.random.Generator, shape) -> np.ndarray:
@@ -188,7 +185,7 @@ def _latent_curves(run, reference, frames: int | None = None) -> tuple[list[floa
     """Per common frame (the first `frames` of them, if given): the relative divergence, and |log| of the RMS
     ratio."""
     pairs = list(zip(run.latents, reference.latents))[:frames]
-    return ([relative(ours, theirs) for ours, theirs in pairs],
+    return ([relative_error(ours, theirs) for ours, theirs in pairs],
             [log_rms_ratio(ours, theirs) for ours, theirs in pairs])
 
 
@@ -203,7 +200,7 @@ def signed_log_rms_ratio(a: np.ndarray, b: np.ndarray) -> float:
 def _audio_divergence(run, reference, frames: int) -> float:
     """The relative divergence of the audio of the first `frames` latents."""
     samples = sum(len(chunk) for chunk in reference.chunks[:frames])
-    return relative(run.audio[:samples], reference.audio[:samples]) if samples else 0.0
+    return relative_error(run.audio[:samples], reference.audio[:samples]) if samples else 0.0
 
 
 def amplification(curves: list[list[float]]) -> float | None:

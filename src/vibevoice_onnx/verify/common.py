@@ -24,6 +24,7 @@ from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.device import host
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
+from ..runtime.manifest import GATE_COLUMNS, gate_cells
 
 SEED = 1234  # the noise of the closed loops (each kind's gates)
 SILENT_RMS = 1e-3  # a reference output quieter than this is judged by max|Δ| instead
@@ -385,11 +386,11 @@ def forced_gates(label: str, forced, theirs, detail: str, limits: Limits) -> tup
     low, high = limits.forced_scale
     rows = [(a, b) for ours, ref in zip(forced.conditions, theirs.conditions) for a, b in zip(ours, ref)]
     gates = [
-        _frames_gate(f"{label}: conditions", rows, conditions, limits.forced_condition,
-                     f"worst at frame {{at}} of {forced.frames} (positive and negative rows); " + detail),
-        _frames_gate(f"{label}: sampled latents", list(zip(forced.sampled, theirs.latents)), latents,
-                     limits.forced_latent, "each latent from the bundle's own conditions and the same noise; worst "
-                     "at frame {at}; " + detail),
+        frames_gate(f"{label}: conditions", rows, limits.forced_condition,
+                    f"worst at frame {{at}} of {forced.frames} (positive and negative rows); " + detail, conditions),
+        frames_gate(f"{label}: sampled latents", list(zip(forced.sampled, theirs.latents)), limits.forced_latent,
+                    "each latent from the bundle's own conditions and the same noise; worst at frame {at}; " + detail,
+                    latents),
         Gate(f"{label}: sampled latent RMS ratio in [{low}, {high}]", None, max(abs(r - 1) for r in ratios),
              low <= min(ratios) and max(ratios) <= high, f"ratios {min(ratios):.4f}..{max(ratios):.4f}; " + detail),
         compare(f"{label}: audio", [forced.audio], [theirs.audio], limits.forced_audio,
@@ -400,9 +401,13 @@ def forced_gates(label: str, forced, theirs, detail: str, limits: Limits) -> tup
     return gates, curves
 
 
-def _frames_gate(name: str, pairs: list, cosines: list[float], tolerance: Tolerance, detail: str) -> Gate:
+def frames_gate(name: str, pairs: list, tolerance: Tolerance, detail: str, cosines: list[float] | None = None) -> Gate:
     """Frame-by-frame (ours, reference) pairs judged by `tolerance`: the worst frame's cosine (`cosines`, one per
-    frame) and relative error, and the gain of all of them at once. `detail` may name the worst frame as {at}."""
+    frame, where a frame is several pairs; else each pair's) and relative error, and the gain of all of them at
+    once. `detail` may name the worst frame as {at}. No pairs: a failed gate (nothing was compared)."""
+    if not pairs:
+        return Gate(name, 0.0, 0.0, False, detail.replace("{at}", "-"), relative=0.0, gain=1.0)
+    cosines = [cosine(a, b) for a, b in pairs] if cosines is None else cosines
     worst, at = min(cosines), int(np.argmin(cosines))
     relative = max(relative_error(a, b) for a, b in pairs)
     bias = gain(np.concatenate([np.ravel(a) for a, _ in pairs]), np.concatenate([np.ravel(b) for _, b in pairs]))
@@ -463,10 +468,7 @@ def limits_for(kind: str, precision: str) -> Limits:
 
 
 def format_table(record: dict) -> str:
-    rows = [("gate", "cosine", "rel. error", "gain", "max |Δ|", "result")]
-    for g in record["gates"]:
-        rows.append((g["name"], _cell(g["cosine"], ".6f"), _cell(g.get("relative"), ".2e"), _cell(g.get("gain"), ".6f"),
-                     f"{g['max_abs']:.2e}", "pass" if g["passed"] else "FAIL"))
+    rows = [GATE_COLUMNS, *map(gate_cells, record["gates"])]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -478,9 +480,5 @@ def format_table(record: dict) -> str:
     if "not_recorded" in record:
         lines.append("warning: " + record["not_recorded"])
     return "\n".join(lines)
-
-
-def _cell(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
