@@ -26,13 +26,11 @@ from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
 from vibevoice_onnx.errors import VibeVoiceError
 from vibevoice_onnx.export.build import build_bundle
 from vibevoice_onnx.families import family
-from vibevoice_onnx.verify.calibration import scaled_output
+from vibevoice_onnx.verify.calibration import REALTIME_GAIN_POINTS, scaled_output
 from vibevoice_onnx.verify.common import verify_bundle
 
 KINDS = ("realtime", "1.5b", "large", "asr", "asr-streaming", "asr-bitnet")
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed")
-GAINED = (("acoustic_decoder_stream", "audio"), ("diffusion_head_step", "velocity"), ("acoustic_connector", "embeddings"),
-          ("upper_lm", "hidden_states"))
 GAINS = {"fp32": (1.01, 1.001), "int8": (1.05, 1.01), "int4": (1.1,), "int4-mixed": (1.1,)}
 
 
@@ -81,7 +79,7 @@ def main() -> int:
     for precision in args.gains.split(",") if "realtime" in args.kinds.split(",") else ():
         source = work / "onnx" / "realtime" / f"cpu_{precision}"
         for factor in GAINS[precision]:
-            for graph, output in GAINED:
+            for graph, output in REALTIME_GAIN_POINTS.items():
                 copy = work / "gained" / f"{precision}-{graph}-{factor}"
                 shutil.rmtree(copy, ignore_errors=True)
                 shutil.copytree(source, copy)

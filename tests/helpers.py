@@ -175,20 +175,20 @@ def assert_audio_streams_while_it_is_made(client, text: str, url: str | None = N
                                      f"server's log of it: {lines})")
 
 
-# A realtime bundle's graphs a gain is put into on purpose (verify.calibration.scaled_output): graph -> (its output,
-# the per-graph gate that judges it)
-GAINED = {"acoustic_decoder_stream": ("audio", "acoustic_decoder_stream (3 frames, states)"),
-          "diffusion_head_step": ("velocity", "diffusion_head"),
-          "acoustic_connector": ("embeddings", "acoustic_connector"),
-          "upper_lm": ("hidden_states", "upper_lm (past 11, new 5)")}
+# The per-graph gate that judges each realtime graph a gain is put into on purpose
+# (verify.calibration.REALTIME_GAIN_POINTS: gained_copy)
+GAINED_GATES = {"acoustic_decoder_stream": "acoustic_decoder_stream (3 frames, states)",
+                "diffusion_head_step": "diffusion_head", "acoustic_connector": "acoustic_connector",
+                "upper_lm": "upper_lm (past 11, new 5)"}
 
 
 def gained_copy(bundle: Path, dst: Path, factor: float) -> Path:
-    """A copy of a realtime `bundle` with each GAINED graph's output multiplied by `factor` (a gain, which no
-    cosine sees)."""
-    from vibevoice_onnx.verify.calibration import scaled_output
+    """A copy of a realtime `bundle` with each gain point's output multiplied by `factor` (a gain, which no
+    cosine sees): each is judged by its GAINED_GATES gate."""
+    from vibevoice_onnx.verify.calibration import REALTIME_GAIN_POINTS, scaled_output
 
+    assert REALTIME_GAIN_POINTS.keys() == GAINED_GATES.keys()
     shutil.copytree(bundle, dst)
-    for graph, (output, _) in GAINED.items():
+    for graph, output in REALTIME_GAIN_POINTS.items():
         scaled_output(dst / f"{graph}.onnx", output, factor)
     return dst

@@ -95,7 +95,7 @@ def test_int8_refuses_a_graph_five_percent_loud_and_takes_one_percent(variants, 
     """int8's own error is noise around the right size (its gain error measured at most 8e-3, tiny and full size):
     a 5% gain in the decoder, the head, the connector or the upper LM is refused by that graph's gate; 1% is within
     what int8 is allowed (0.02), and passes."""
-    from helpers import GAINED, gained_copy
+    from helpers import GAINED_GATES, gained_copy
 
     from vibevoice_onnx.verify.common import verify_bundle
 
@@ -103,7 +103,7 @@ def test_int8_refuses_a_graph_five_percent_loud_and_takes_one_percent(variants, 
     record = verify_bundle(bundle, log=lambda line: None)
     gates = {g["name"]: g for g in record["gates"]}
     assert record["passed"] != refused, [g["name"] for g in record["gates"] if not g["passed"]]
-    for _, gate in GAINED.values():
+    for gate in GAINED_GATES.values():
         assert gates[gate]["passed"] != refused and gates[gate]["gain"] == pytest.approx(factor, abs=0.01), gates[gate]
 
 

@@ -320,6 +320,12 @@ def wrong_scale(graph: Path, factor: float) -> str:
     return target.name
 
 
+# Where benchmarks/gate_sizes.py and the tests put a gain into a realtime bundle (scaled_output): a graph of each
+# stage of the loop, and the output of it the next stage reads.
+REALTIME_GAIN_POINTS = {"acoustic_decoder_stream": "audio", "diffusion_head_step": "velocity",
+                        "acoustic_connector": "embeddings", "upper_lm": "hidden_states"}
+
+
 def scaled_output(graph: Path, output: str, factor: float) -> None:
     """A conversion's mistake made on purpose (tests and benchmarks show that verify catches it): the output
     `output` of an ONNX graph multiplied by `factor`, in place: a gain, which leaves every cosine at 1. Whatever
