@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 from vibevoice_onnx.cli import main
 
 from conftest import copy_bundle
-from helpers import copy_checkpoint, set_config, set_tensor
+from helpers import copy_checkpoint, eventually, set_config, set_tensor
 
 SYS_UNWRITABLE = Path("/sys/vibevoice-onnx-test")  # not even root may create files in sysfs
 
@@ -296,13 +295,6 @@ def run_cli(*args, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 
-def wait_for(condition: Callable[[], bool], seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def partials(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if ".partial-" in p.name]
 
@@ -318,7 +310,8 @@ def test_raw_pcm_into_a_reader_that_stops_early_exits_quietly(tiny_bundle):
 
 def test_sigterm_during_speak_leaves_no_partial_wav(tiny_bundle, tmp_path):
     proc = run_cli("speak", tiny_bundle, "Hello there.", "--seed", "1", "--max-frames", "100000", "-o", tmp_path / "out.wav")
-    wait_for(lambda: bool(partials(tmp_path)) and os.path.getsize(partials(tmp_path)[0]) > 100_000)
+    assert eventually(lambda: bool(partials(tmp_path)) and os.path.getsize(partials(tmp_path)[0]) > 100_000, 120,
+                      every=0.05), "timed out"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 128 + signal.SIGTERM
     assert "terminated" in proc.stderr.read().decode()
@@ -327,7 +320,8 @@ def test_sigterm_during_speak_leaves_no_partial_wav(tiny_bundle, tmp_path):
 
 def test_sigterm_during_build_removes_the_partial_bundle_and_new_folders(tiny_checkpoints, tmp_path):
     proc = run_cli("build", tiny_checkpoints["realtime"], "-o", tmp_path / "onnx")
-    wait_for(lambda: any(d.is_dir() and any(d.glob("*.onnx")) for d in partials(tmp_path)))
+    assert eventually(lambda: any(d.is_dir() and any(d.glob("*.onnx")) for d in partials(tmp_path)), 120,
+                      every=0.05), "timed out"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 128 + signal.SIGTERM
     err = proc.stderr.read().decode()

@@ -4,12 +4,12 @@ leaves, waits for text or fails beside it."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from conftest import SHARED, copy_bundle, write_voice_sample
+from helpers import eventually
 from vibevoice_onnx.generation.batching import read_together
 
 SPEECH = SHARED / "fixtures" / "audio" / "demo3-hotwords.wav"
@@ -47,13 +47,6 @@ def lone_speeches(model, jobs, **options) -> list:
 @pytest.fixture(scope="module")
 def alone(two_voice_tts):
     return [speech.result for speech in lone_speeches(two_voice_tts, JOBS)]
-
-
-def wait_until(condition, seconds: float = 30) -> None:
-    """Poll `condition` until it holds or `seconds` pass (the assertion after it says what was awaited)."""
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def assert_same(batched, single):
@@ -106,7 +99,7 @@ def test_a_cancelled_stream_leaves_and_the_others_run_on_unchanged(two_voice_tts
     for index in (0, 2):
         assert_same(speeches[index].result, alone[index])
     assert speeches[1].result.frames < JOBS[1][3]
-    wait_until(lambda: not batch.batcher.live())
+    eventually(lambda: not batch.batcher.live(), 30, every=0.01)
     assert batch.batcher.live() == []  # its place is free
 
 
@@ -131,7 +124,7 @@ def test_text_streamed_into_a_batched_stream_waits_without_holding_the_others(tw
     feeder.start()
     reader = threading.Thread(target=read_together, args=([fed],))
     reader.start()
-    wait_until(batch.batcher.live)
+    eventually(batch.batcher.live, 30, every=0.01)
     assert len(batch.batcher.live()) == 1  # the fed stream is in the batch, waiting for its text
     read_whole()
     reader.join(timeout=120)
@@ -220,7 +213,7 @@ def test_a_stream_whose_reader_stalls_runs_only_a_little_ahead_and_holds_nobody_
     # the chunk read, AHEAD waiting, a decoder group's latents made before their audio, and one being made
     assert stalled.result.frames <= 1 + AHEAD + DECODE_GROUP + 1
     reading.close()
-    wait_until(lambda: not batch.batcher.live())
+    eventually(lambda: not batch.batcher.live(), 30, every=0.01)
     assert batch.batcher.live() == []  # cancelled while it waited for its reader
 
 
