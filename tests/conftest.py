@@ -144,6 +144,19 @@ def tiny_asr_bundle(tiny_checkpoints, shared_dir) -> Path:
     return made_once(shared_dir, "asr-bundle", make) / "onnx" / "asr" / "cpu_fp32"
 
 
+@pytest.fixture(scope="session")
+def tiny_streaming_bundle(shared_dir) -> Path:
+    """A tiny ASR-Streaming bundle (the 1.5B variant, fp32: usable unverified), for live transcription. Read-only."""
+    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
+    from vibevoice_onnx.export.build import build_bundle
+
+    def make(root: Path) -> None:
+        make_checkpoint("asr-streaming", root / "checkpoint", size="tiny", seed=0, variant="1.5b")
+        build_bundle(root / "checkpoint", root / "onnx", "fp32")
+
+    return made_once(shared_dir, "streaming-bundle", make) / "onnx" / "asr-streaming" / "cpu_fp32"
+
+
 def write_voice_sample(path: Path, seconds: float = 2.5, rate: int = 16000, channels: int = 2, pitch: float = 180.0) -> Path:
     """A voice-like test signal (harmonics, vibrato, breath noise) in any format soundfile writes."""
     import numpy as np

@@ -86,6 +86,13 @@ def fuzz_seed() -> int:
     return int(os.environ.get("VIBEVOICE_FUZZ_SEED", "1"))
 
 
+def cli(*args: str) -> bytes:
+    """A vibevoice-onnx command in its own process, on one thread: its standard output; it must succeed."""
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args, "--threads", "1"], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,26 +102,35 @@ def free_port() -> int:
 class Server:
     """`vibevoice-onnx serve` in its own process; stopped with SIGTERM, as a service manager does."""
 
+    command = "serve"
+
     def __init__(self, bundles: list[Path], log: Path, *options: str, threads: str | None = "1",
                  start_seconds: float = 90, env: dict | None = None):
         self.port, self.log = free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "vibevoice_onnx.cli", "serve", *map(str, bundles), "--port", str(self.port),
-             "--api-key", KEY, *(["--threads", threads] if threads else []), *options],
+            [sys.executable, "-m", "vibevoice_onnx.cli", self.command, *map(str, bundles), *self.address(),
+             *(["--threads", threads] if threads else []), *options],
             stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
         deadline = time.monotonic() + start_seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"the server exited: {log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if json.load(r)["status"] == "ok":
-                        return
-            except OSError:
-                time.sleep(0.2)
+            if self.ready():
+                return
+            time.sleep(0.2)
         self.stop()
         raise AssertionError(f"the server did not start in {start_seconds:g} s: {log.read_text()}")
+
+    def address(self) -> list[str]:
+        return ["--port", str(self.port), "--api-key", KEY]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return json.load(r)["status"] == "ok"
+        except OSError:
+            return False
 
     def client(self, **options):
         import openai
@@ -133,6 +149,24 @@ class Server:
             raise AssertionError("the server did not stop within 30 s of SIGTERM") from None
         assert "Traceback" not in self.log.read_text(), self.log.read_text()
         return status
+
+
+class WyomingServer(Server):
+    """`vibevoice-onnx wyoming` in its own process (helpers.Server: started, then stopped with SIGTERM, its log
+    free of tracebacks); ready once it answers describe."""
+
+    command = "wyoming"
+
+    def address(self) -> list[str]:
+        return ["--uri", f"tcp://127.0.0.1:{self.port}"]
+
+    def ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(b'{"type": "describe"}\n')
+                return b'"info"' in s.makefile("rb").readline()
+        except OSError:
+            return False
 
 
 def eventually(condition, deadline: float, every: float = 0.1) -> bool:

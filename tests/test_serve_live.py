@@ -8,8 +8,6 @@ import base64
 import io
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import KEY, Server, assert_audio_streams_while_it_is_made, eventually, live_streams
+from helpers import KEY, Server, assert_audio_streams_while_it_is_made, cli, eventually, live_streams
 
 pytest.importorskip("fastapi")
 pytest.importorskip("av")
@@ -32,12 +30,6 @@ def server(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, tmp_path_factory):
     running = Server([tiny_bundle, tiny_15b_bundle, tiny_asr_bundle], log, "--max-active", "4", "--max-queue", "4")
     yield running
     assert running.stop() == 0, log.read_text()
-
-
-def cli(*args: str) -> bytes:
-    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args, "--threads", "1"], capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    return done.stdout
 
 
 def spoken(bundle, seed: int, frames: int, text: str = TEXT) -> np.ndarray:

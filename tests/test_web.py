@@ -40,21 +40,10 @@ WAIT = 60  # seconds for anything the page waits on the server for
 
 
 @pytest.fixture(scope="module")
-def streaming_bundle(tmp_path_factory) -> Path:
-    """A tiny ASR-Streaming bundle (fp32: usable unverified), for live transcription."""
-    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
-    from vibevoice_onnx.export.build import build_bundle
-
-    root = tmp_path_factory.mktemp("asr-streaming")
-    make_checkpoint("asr-streaming", root / "checkpoint", size="tiny", seed=0, variant="1.5b")
-    return build_bundle(root / "checkpoint", root / "onnx", "fp32")
-
-
-@pytest.fixture(scope="module")
-def server(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, streaming_bundle, tmp_path_factory):
+def server(tiny_bundle, tiny_15b_bundle, tiny_asr_bundle, tiny_streaming_bundle, tmp_path_factory):
     root = tmp_path_factory.mktemp("web-server")
     tts15b = shutil.copytree(tiny_15b_bundle, root / "cpu_fp32")  # the page adds a voice to it
-    running = Server([tiny_bundle, tts15b, tiny_asr_bundle, streaming_bundle], root / "server.log",
+    running = Server([tiny_bundle, tts15b, tiny_asr_bundle, tiny_streaming_bundle], root / "server.log",
                      "--max-upload-mb", str(UPLOAD_LIMIT_MB))
     yield running
     assert running.stop() == 0, (root / "server.log").read_text()

@@ -79,6 +79,10 @@ class Family:
     #                                 its fp32 bundles by int8's limits: the rounding of those steps is its own)
     defaults: Defaults = field(default_factory=Defaults)
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # The languages it is announced with (Wyoming's info: Home Assistant offers a model for a pipeline in one of
+    # them): its model card's where known (1.5B and Large: English and Chinese; ASR-Streaming: facts sheet 12.1),
+    # else English, which every VibeVoice model speaks.
+    languages: tuple[str, ...] = ("en",)
 
     @property
     def streams_audio(self) -> bool:
@@ -97,7 +101,7 @@ LONG_FORM = Family(
     reference="reference.tts15b:load_tts15b", torch_backend="reference.tts15b:TorchTts15bBackend",
     exporter="export.tts15b", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
     runtime="runtime.tts15b:LongFormTTS", voices="audio", defaults=Defaults(cfg_scale=1.3, steps=10),
-    capabilities=Capabilities(speaks=True, long_form=True, batchable=True),
+    capabilities=Capabilities(speaks=True, long_form=True, batchable=True), languages=("en", "zh"),
 )
 ASR = Family(
     "asr", "VibeVoice-ASR (upstream's layout)", "vibevoice",
@@ -150,6 +154,7 @@ FAMILIES = (
         exporter="export.asr", policy="export.precision:STREAMING_ASR_POLICY", gates="verify.asr_streaming",
         runtime="runtime.asr_streaming:StreamingModel",
         capabilities=Capabilities(transcribes=True, streams=True),
+        languages=("zh", "en", "es", "pt", "de", "ja", "ko", "fr", "ru", "it"),  # facts sheet 12.1
     ),
 )
 BY_NAME = {f.name: f for f in FAMILIES}

@@ -10,7 +10,21 @@ from pathlib import Path
 from .app import API_KEY_ENV, Settings, create_app
 from .models import Models
 
-__all__ = ["API_KEY_ENV", "Models", "Settings", "create_app", "run"]
+__all__ = ["API_KEY_ENV", "Models", "Settings", "create_app", "open_models", "run"]
+
+
+def open_models(bundles: list[Path], settings: Settings, threads: int | None = None, force: bool = False,
+                aliases: dict[str, str] | None = None, log_level: str = "info") -> Models:
+    """A server's log set up (a line per request; debug: tracebacks too) and every bundle opened once, a line
+    each: what every server command does before it listens."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("vibevoice_onnx").setLevel(log_level.upper())
+    models = Models.open(bundles, threads=threads, force=force, aliases=aliases, max_batch=settings.max_batch)
+    for model in models.by_id.values():
+        logging.getLogger("vibevoice_onnx.serve").info("model %s: %s %s, %d voices, from %s", model.id, model.kind,
+                                                       model.bundle.info.precision, len(model.voices()),
+                                                       model.bundle.path)
+    return models
 
 
 def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: int = 8000, threads: int | None = None,
@@ -20,13 +34,7 @@ def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: 
     streams end at their next frame with their encoders flushed, and the process exits."""
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("vibevoice_onnx").setLevel(log_level.upper())  # debug: tracebacks of failures too
-    models = Models.open(bundles, threads=threads, force=force, aliases=aliases, max_batch=settings.max_batch)
-    for model in models.by_id.values():
-        logging.getLogger("vibevoice_onnx.serve").info("model %s: %s %s, %d voices, from %s", model.id, model.kind,
-                                                       model.bundle.info.precision, len(model.voices()),
-                                                       model.bundle.path)
+    models = open_models(bundles, settings, threads, force, aliases, log_level)
     app = create_app(models, settings)
     # said once every bundle is open and admitted: a refused bundle never reads as a server that started
     print(f"serving on http://{host}:{port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)

@@ -83,7 +83,7 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
         workers.shutdown(wait=False, cancel_futures=True)
 
     app = _Guarded(title="vibevoice-onnx", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
-    state = _State(models, settings, workers)
+    state = ServerState(models, settings, workers)
     app.state.vibevoice = state
     _errors(app)
     _auth_and_log(app, settings)
@@ -134,7 +134,10 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
 
 
 @dataclass
-class _State:
+class ServerState:
+    """What every front-end of a server runs its jobs through (HTTP, the websockets, Wyoming): the models, the
+    limits, the worker threads and one admission for them all."""
+
     models: Models
     settings: Settings
     workers: ThreadPoolExecutor
@@ -328,7 +331,7 @@ async def _streamed(scope, body, pump: Pump, model: str, started: float, sse: bo
 
 # ---- speech ----
 
-async def _speech(request: Request, state: _State):
+async def _speech(request: Request, state: ServerState):
     started = time.perf_counter()
     body = await read_json(request, state.settings.max_input_chars * 4 + 64 * 1024, state.settings.body_timeout)
     parsed = speech_route.parse_speech(body, state.models, state.settings.max_input_chars, state.settings.max_frames)
@@ -424,7 +427,7 @@ async def _socket(websocket: WebSocket, settings: Settings, exchange) -> None:
         log_request(websocket.scope, run.model, run.status, time.perf_counter() - started, run.audio_seconds())
 
 
-async def _speech_socket(websocket: WebSocket, state: _State) -> None:
+async def _speech_socket(websocket: WebSocket, state: ServerState) -> None:
     """First a JSON message with the speech fields (no `input` needed), then `input_text.delta` messages and
     `input_text.done`; binary audio goes back as it decodes, then `audio.done` with the usage."""
     settings = state.settings
@@ -477,7 +480,7 @@ async def _receive_text(websocket: WebSocket, generation) -> None:
                            "{\"type\": \"input_text.done\"}", code="invalid_message")
 
 
-async def _live_socket(websocket: WebSocket, state: _State) -> None:
+async def _live_socket(websocket: WebSocket, state: ServerState) -> None:
     """Live transcription as upstream's /v1/stream: a JSON message of settings, then binary PCM frames (float32
     little-endian mono at the model's rate, unless the settings say otherwise); each chunk's text goes back as it
     is decoded ({"chunk", "text", "start", "end", "speaker"}); the text message "end" flushes the tail and
@@ -530,7 +533,7 @@ async def _receive_pcm(websocket: WebSocket, parsed, pieces, settings: Settings)
 
 # ---- uploads: transcriptions and voices ----
 
-async def _form(request: Request, state: _State, max_files: int = 1):
+async def _form(request: Request, state: ServerState, max_files: int = 1):
     """The multipart form, its size bounded while it arrives (not only by Content-Length) and its time too."""
     limit = int(state.settings.max_upload_mb * 2**20) + FORM_OVERHEAD
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -563,7 +566,7 @@ def _writing(action: str):
         raise file_error(cause, action) from None
 
 
-async def _spooled(form, name: str, state: _State):
+async def _spooled(form, name: str, state: ServerState):
     """The upload in `name` decoded to samples; the temporary copy (decoders want a seekable file) is removed."""
     upload = form.get(name)
     if not isinstance(upload, UploadFile):
@@ -585,7 +588,7 @@ async def _spooled(form, name: str, state: _State):
         os.unlink(path)
 
 
-async def _transcription(request: Request, state: _State):
+async def _transcription(request: Request, state: ServerState):
     started = time.perf_counter()
     form = await _form(request, state)
     try:
@@ -622,7 +625,7 @@ async def _transcript_events(pump: Pump, parsed):
     yield b"data: [DONE]\n\n"
 
 
-async def _add_voice(request: Request, state: _State):
+async def _add_voice(request: Request, state: ServerState):
     """OpenAI's custom-voice route on a 1.5B bundle: `name` and `audio_sample`, stored as `voices import` does."""
     from ..runtime.voice_store import import_voice
 

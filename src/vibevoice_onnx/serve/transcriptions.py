@@ -126,7 +126,7 @@ def transcript_text(segments: list[Segment], decoded: str) -> str:
 def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None = None):
     """The transcript in the asked shape (or `fmt`): a dict (JSON) or a string (text, srt, vtt)."""
     fmt = fmt or request.response_format
-    text = transcript.readable if transcript.readable is not None else transcript_text(transcript.segments, transcript.text)
+    text = readable_text(transcript)
     warning = _warning(transcript)
     if fmt in ("srt", "vtt"):
         return render(fmt, transcript.segments, transcript.text, transcript.raw)
@@ -142,6 +142,13 @@ def respond(transcript: Transcript, request: TranscriptionCall, fmt: str | None 
     if warning:
         body["warning"] = warning
     return body
+
+
+def readable_text(transcript: Transcript) -> str:
+    """What was said, as every front-end gives it: the segments' texts (no times, no speakers), or the decoded
+    text where the output held no transcript."""
+    return transcript.readable if transcript.readable is not None else transcript_text(transcript.segments,
+                                                                                       transcript.text)
 
 
 def _warning(transcript: Transcript) -> str | None:
