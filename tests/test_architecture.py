@@ -25,7 +25,7 @@ ALLOWED = {
     # The demo makes and speaks the smallest kind by name; make-checkpoint --variant offers ASR-Streaming's sizes.
     "cli.py": {"realtime", "1.5b"},
     # serve's "asr" is its model list's task type (tts or asr, OpenAI's split of the routes), not the kind.
-    "serve/app.py": {"asr"}, "serve/models.py": {"asr"}, "serve/transcriptions.py": {"asr"},
+    "serve/app.py": {"asr"}, "serve/models.py": {"asr"}, "serve/transcriptions.py": {"asr"}, "serve/wyoming.py": {"asr"},
 }
 
 

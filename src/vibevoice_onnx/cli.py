@@ -223,15 +223,23 @@ def cmd_cache_remove(args) -> int:
     return 0
 
 
+def server_settings(args):
+    """The limits a server command's options give (serve, wyoming)."""
+    from .serve import API_KEY_ENV, Settings
+
+    return Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue,
+                    max_input_chars=args.max_input_chars, max_upload_mb=args.max_upload_mb,
+                    api_key=getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None,
+                    body_timeout=args.body_timeout, max_frames=args.max_frames)
+
+
 def cmd_serve(args) -> int:
     try:
-        from .serve import API_KEY_ENV, Settings, run
+        from .serve import run
         from .serve.models import parse_aliases
     except ImportError as e:
         raise VibeVoiceError(f"serving needs the serve extra (pip install 'vibevoice-onnx[serve]'): {e}") from None
-    settings = Settings(max_active=args.max_active, max_batch=args.max_batch, max_queue=args.max_queue,
-                        max_input_chars=args.max_input_chars, max_upload_mb=args.max_upload_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                        body_timeout=args.body_timeout, max_frames=args.max_frames)
+    settings = server_settings(args)
     bundles, aliases = [Path(b) for b in args.bundle], parse_aliases(args.voice_alias or [])
     try:
         if args.ray:
@@ -243,6 +251,21 @@ def cmd_serve(args) -> int:
                 aliases=aliases, log_level=args.log_level)
     except Terminated:  # uvicorn re-raises the SIGTERM it handled once it has shut down: a clean stop
         print("stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_wyoming(args) -> int:
+    try:
+        from .serve.models import parse_aliases
+        from .serve.wyoming import run
+    except ImportError as e:
+        raise VibeVoiceError(f"the Wyoming server needs the wyoming extra (pip install 'vibevoice-onnx[wyoming]'): "
+                             f"{e}") from None
+    run([Path(b) for b in args.bundle], server_settings(args), uri=args.uri, seed=args.seed, announce=args.zeroconf,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads, force=args.force, aliases=parse_aliases(args.voice_alias or []),
+        log_level=args.log_level)
+    print("stopped", file=sys.stderr)
     return 0
 
 
@@ -335,6 +358,30 @@ def take_models(args) -> None:
     if args.model is None:
         raise VibeVoiceError(f"{args.command} needs a model: a bundle, a checkpoint or a Hub id (or --model)")
     args.bundle = resolve(args.model)
+
+
+def add_server_options(p) -> None:
+    """The limits and settings every server command takes (serve, wyoming), spelled once."""
+    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
+    p.add_argument("--max-active", type=int, default=4, metavar="N", help="generations running at once (default 4)")
+    p.add_argument("--max-batch", type=int, default=4, metavar="N", help="concurrent generations of a bundle batched "
+                   "step by step, each weight read once for all (transcriptions: their greedy decoding; default 4: on "
+                   "2 cores at int8, realtime 1.38x the throughput of one stream, `bench --streams`); 1: each runs on "
+                   "its own")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, 429 "
+                   "with Retry-After (default 16)")
+    p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
+    p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
+                   "request; debug: also the traceback of any failure, which info logs as one line with the request's id")
+    p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="the most latent frames a speech "
+                   "request may generate, 7.5 a second of audio (default: as many as the model's context holds)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS", help="time for a request body "
+                   "to arrive (default 30)")
+    p.add_argument("--voice-alias", action="append", metavar="NAME=VOICE", help="map a voice name (OpenAI's alloy, "
+                   "echo, ...) to a bundle voice (repeatable)")
+    p.add_argument("--force", action="store_true", help="serve bundles that failed their gates or, quantized, "
+                   "have not been verified")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -541,28 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p, several=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
-    p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
-    p.add_argument("--max-active", type=int, default=4, metavar="N", help="generations running at once (default 4)")
-    p.add_argument("--max-batch", type=int, default=4, metavar="N", help="concurrent generations of a bundle batched "
-                   "step by step, each weight read once for all (transcriptions: their greedy decoding; default 4: on "
-                   "2 cores at int8, realtime 1.38x the throughput of one stream, `bench --streams`); 1: each runs on "
-                   "its own")
-    p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, 429 "
-                   "with Retry-After (default 16)")
-    p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
-    p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
-                   "request; debug: also the traceback of any failure, which info logs as one line with the request's id")
-    p.add_argument("--max-frames", type=cli_type("max_frames"), metavar="N", help="the most latent frames a speech "
-                   "request may generate, 7.5 a second of audio (default: as many as the model's context holds)")
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS", help="time for a request body "
-                   "to arrive (default 30)")
+    add_server_options(p)
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health "
                    "(or set VIBEVOICE_API_KEY)")
-    p.add_argument("--voice-alias", action="append", metavar="NAME=VOICE", help="map a voice name (OpenAI's alloy, "
-                   "echo, ...) to a bundle voice (repeatable)")
-    p.add_argument("--force", action="store_true", help="serve bundles that failed their gates or, quantized, "
-                   "have not been verified")
     p.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment (the cluster extra): replicas "
                    "that each hold the bundles, behind one address; --threads is then per replica (default: the cores "
                    "divided among the replicas)")
@@ -571,6 +599,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autoscale", metavar="MIN:MAX", help="with --ray: between MIN and MAX replicas, one more while "
                    "each has more than --max-active requests going")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("wyoming", help="a Wyoming server for Home Assistant's voice assistants: speech and "
+                       "transcription, streamed both ways (wyoming extra)")
+    p.add_argument("bundle", nargs="*", metavar="MODEL", help="realtime, 1.5B, ASR and ASR-Streaming models, in any "
+                   "mix: " + MODEL_HELP)
+    add_model_options(p, several=True)
+    p.add_argument("--uri", default="tcp://127.0.0.1:10200", help="where to listen: tcp://HOST:PORT or unix://PATH "
+                   "(default tcp://127.0.0.1:10200, this machine only; tcp://0.0.0.0:10200 for Home Assistant on "
+                   "another machine)")
+    p.add_argument("--zeroconf", nargs="?", const="vibevoice-onnx", metavar="NAME", help="announce the server on the "
+                   "LAN (mDNS) as Wyoming services do, so Home Assistant discovers it (default name vibevoice-onnx)")
+    p.add_argument("--seed", type=cli_type("seed"), help="every answer reproducible: the same audio as speak --seed, "
+                   "the same transcript as transcribe --seed (default: random)")
+    p.add_argument("--max-new-tokens", type=cli_type("max_new_tokens"), metavar="N", help="the most tokens a "
+                   "transcript may take (ASR-Streaming: each chunk's, at most 256; default: the model's limits)")
+    add_server_options(p)
+    p.set_defaults(func=cmd_wyoming)
 
     p = sub.add_parser("push", help="upload a verified bundle to the Hugging Face Hub, with a model card made from "
                        "its manifest (gates, quantization, files, bench numbers)")
@@ -682,7 +727,7 @@ def _quiet_broken_pipe() -> int:
 
 # Commands whose process runs onnxruntime sessions and nothing else: as the process's own command line they
 # share one thread pool (runtime.bundle.share_threads).
-SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench", "serve")
+SHARED_POOL_COMMANDS = ("speak", "decode", "transcribe", "bench", "serve", "wyoming")
 
 
 def _spelled(error: VibeVoiceError) -> str:
