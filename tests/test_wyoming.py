@@ -267,13 +267,18 @@ def test_many_clients_at_once_each_get_their_own_audio(server, tiny_bundle):
         assert np.array_equal(audio_of(answers), expected)
 
 
-def test_zeroconf_announces_the_server_and_sigterm_ends_a_running_synthesis_cleanly(tiny_bundle, tmp_path):
-    """A zeroconf (mDNS) lookup, as Home Assistant's discovery makes it, here on the loopback interface; then a
-    SIGTERM in the middle of a synthesis (no frame limit: it would run to the end of the context), which ends at
-    its next frame with audio-stop before the server exits 0."""
+def test_zeroconf_announces_the_torch_free_server_and_sigterm_ends_a_running_synthesis(tiny_bundle, tiny_asr_bundle,
+                                                                                        tmp_path):
+    """With torch and transformers impossible to import (the `wyoming` extra has neither): a zeroconf (mDNS) lookup,
+    as Home Assistant's discovery makes it, here on the loopback interface; a transcription; then a SIGTERM in the
+    middle of a synthesis (no frame limit: it would run to the end of the context), which ends at its next frame
+    with audio-stop before the server exits 0."""
     from zeroconf.asyncio import AsyncZeroconf
 
-    running = WyomingServer([tiny_bundle], tmp_path / "server.log", "--zeroconf", "vibevoice-test")
+    from helpers import torch_blocked_environment
+
+    running = WyomingServer([tiny_bundle, tiny_asr_bundle], tmp_path / "server.log", "--zeroconf", "vibevoice-test",
+                            "--max-new-tokens", str(TOKENS), env=torch_blocked_environment(tmp_path))
     try:
         async def look_up():
             browser = AsyncZeroconf(interfaces=["127.0.0.1"])
@@ -286,6 +291,8 @@ def test_zeroconf_announces_the_server_and_sigterm_ends_a_running_synthesis_clea
         found = asyncio.run(look_up())
         assert found is not None and found.port == running.port
         assert found.parsed_addresses() == ["127.0.0.1"]
+        answers = talk(running, transcription_events(speech_like(1.0, 16000, 1), 16000), "transcript")
+        assert Transcript.is_type(answers[-1].type)
 
         async def stopped_mid_speech():
             async with AsyncTcpClient("127.0.0.1", running.port) as client:
@@ -300,4 +307,5 @@ def test_zeroconf_announces_the_server_and_sigterm_ends_a_running_synthesis_clea
         assert kinds[:2] == ["audio-start", "audio-chunk"] and kinds[-1] == "audio-stop", kinds
     finally:
         assert running.stop() == 0
-    assert "only this machine reaches" in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text()
+    assert "only this machine reaches" in log and "blocked import" not in log
