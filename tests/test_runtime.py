@@ -369,7 +369,7 @@ class BlockOnnx:
             raise ImportError(f"blocked import of {{name}}")
 sys.meta_path.insert(0, BlockOnnx())
 from vibevoice_onnx.cli import main
-assert main(["bench", {str(bundle)!r}, "--frames", "2", "--json"]) == 0
+assert main(["bench", {str(bundle)!r}, "--frames", "2", "--profile", "--json"]) == 0
 assert "onnx" not in sys.modules
 """)
     assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,8 @@ def bench_command(args) -> int:
                    reference=Path(args.reference) if args.reference else None, threads=args.threads,
                    decode_group=args.decode_group, streams=args.streams,
                    audio=[Path(path) for path in args.audio or ()],
-                   against=Path(args.against) if args.against else None, cuda_graphs=args.cuda_graphs)
+                   against=Path(args.against) if args.against else None, cuda_graphs=args.cuda_graphs,
+                   profile=args.profile)
     if args.plot:
         plot(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else format_report(report))

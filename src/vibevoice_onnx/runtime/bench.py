@@ -93,40 +93,89 @@ def memory_bandwidth(threads: int | None, megabytes: int = 512, repeats: int = 1
 
 
 def row_sums_model(rows: int, columns: int) -> bytes:
-    """An ONNX model (opset 18) whose one node sums each row of a float32 weight of ones [rows, columns] held as
-    an initializer, serialised here field by field: the torch-free install has onnxruntime but not the onnx
-    package, and this is the only graph the runtime builds."""
+    """An ONNX model whose one node sums each row of a float32 weight of ones [rows, columns] (an initializer)."""
+    keepdims = _text(1, "keepdims") + _number(3, 0) + _number(20, 2)  # AttributeProto: INT 0
+    return one_node_model("ReduceSum", [("weight", [rows, columns], FLOAT, np.ones((rows, columns), "<f4")),
+                                        ("axes", [1], INT64, np.array([1], "<i8"))], ("sums", [rows], FLOAT),
+                          "bandwidth", keepdims)
 
-    def varint(value: int) -> bytes:
-        out = bytearray()
-        while True:
-            out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
-            value >>= 7
-            if not value:
-                return bytes(out)
 
-    def number(field: int, value: int) -> bytes:
-        return varint(field << 3) + varint(value)
+def matmul_model(rows: int, inner: int, columns: int, integer: bool = False) -> bytes:
+    """An ONNX model whose one node multiplies two initializers [rows, inner] x [inner, columns]: float32
+    (MatMul), or uint8 x int8 into int32 (MatMulInteger, onnxruntime's int8 kernels: VNNI where the cores have it)."""
+    rng = np.random.default_rng(0)
+    if integer:
+        a = rng.integers(0, 255, (rows, inner), dtype=np.uint8)
+        b = rng.integers(-127, 127, (inner, columns), dtype=np.int8)
+        return one_node_model("MatMulInteger", [("a", [rows, inner], UINT8, a), ("b", [inner, columns], INT8, b)],
+                              ("product", [rows, columns], INT32), "compute")
+    a = rng.standard_normal((rows, inner), dtype=np.float32)
+    b = rng.standard_normal((inner, columns), dtype=np.float32)
+    return one_node_model("MatMul", [("a", [rows, inner], FLOAT, a), ("b", [inner, columns], FLOAT, b)],
+                          ("product", [rows, columns], FLOAT), "compute")
 
-    def nested(field: int, *parts: bytes) -> bytes:
-        data = b"".join(parts)
-        return varint(field << 3 | 2) + varint(len(data)) + data
 
-    def text(field: int, value: str) -> bytes:
-        return nested(field, value.encode())
+FLOAT, UINT8, INT8, INT32, INT64 = 1, 2, 3, 6, 7  # TensorProto data types
 
-    def tensor(name: str, dims: list[int], data_type: int, raw: bytes) -> bytes:  # TensorProto
-        return b"".join(number(1, d) for d in dims) + number(2, data_type) + text(8, name) + nested(9, raw)
 
-    float_type, int64_type = 1, 7
-    weight = tensor("weight", [rows, columns], float_type, np.ones((rows, columns), "<f4").tobytes())
-    axes = tensor("axes", [1], int64_type, np.array([1], "<i8").tobytes())
-    keepdims = text(1, "keepdims") + number(3, 0) + number(20, 2)  # AttributeProto: INT 0
-    node = text(1, "weight") + text(1, "axes") + text(2, "sums") + text(4, "ReduceSum") + nested(5, keepdims)
-    sums_type = nested(1, number(1, float_type), nested(2, nested(1, number(1, rows))))  # TypeProto.Tensor
-    sums = text(1, "sums") + nested(2, sums_type)  # ValueInfoProto
-    graph = nested(1, node) + text(2, "bandwidth") + nested(5, weight) + nested(5, axes) + nested(12, sums)
-    return number(1, 8) + nested(7, graph) + nested(8, text(1, "") + number(2, 18))  # ir_version 8, opset 18
+def one_node_model(op: str, initializers: list[tuple], output: tuple, graph_name: str, attributes: bytes = b"") -> bytes:
+    """An ONNX model (opset 18) of one node over `initializers` [(name, dims, data type, array)] into `output`
+    (name, dims, data type), serialised here
+    field by field: the torch-free install has onnxruntime but not the onnx package, and the only graphs the
+    runtime builds are these measurements of the machine (bandwidth, compute)."""
+
+    def tensor(name: str, dims: list[int], data_type: int, array: np.ndarray) -> bytes:  # TensorProto
+        return (b"".join(_number(1, d) for d in dims) + _number(2, data_type) + _text(8, name)
+                + _nested(9, np.ascontiguousarray(array).tobytes()))
+
+    out_name, out_dims, out_type = output
+    node = b"".join(_text(1, name) for name, *_ in initializers) + _text(2, out_name) + _text(4, op)
+    node += _nested(5, attributes) if attributes else b""
+    dims = b"".join(_nested(1, _number(1, d)) for d in out_dims)
+    out = _text(1, out_name) + _nested(2, _nested(1, _number(1, out_type), _nested(2, dims)))  # ValueInfoProto
+    graph = _nested(1, node) + _text(2, graph_name)
+    graph += b"".join(_nested(5, tensor(*init)) for init in initializers) + _nested(12, out)
+    return _number(1, 8) + _nested(7, graph) + _nested(8, _text(1, "") + _number(2, 18))  # ir_version 8, opset 18
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def _number(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+def _nested(field: int, *parts: bytes) -> bytes:
+    data = b"".join(parts)
+    return _varint(field << 3 | 2) + _varint(len(data)) + data
+
+
+def _text(field: int, value: str) -> bytes:
+    return _nested(field, value.encode())
+
+
+def compute_peaks(threads: int | None, repeats: int = 5) -> dict[str, float]:
+    """Multiply-accumulates per second onnxruntime reaches here with these threads on a product large enough to
+    be compute-bound: float32 (MatMul; what MatMulNBits and the convolutions compute in) and int8
+    (MatMulInteger). The best of `repeats`; a graph's compute floor is its MACs at these rates."""
+    import onnxruntime as ort
+
+    rows, inner, columns = 256, 2048, 2048
+    peaks = {}
+    for name, integer in (("float32", False), ("int8", True)):
+        options = cpu_session_options(threads)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(matmul_model(rows, inner, columns, integer), options,
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {})
+        peaks[name] = rows * inner * columns / min(_timed(lambda: session.run(None, {})) for _ in range(repeats))
+    return peaks
 
 
 def _timed(work) -> float:
@@ -172,6 +221,29 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
         # The token-embedding table and the small tensors: memory-mapped, so only the rows a text looks up count.
         "host_tensor_bytes": (bundle.path / bundle.info.host_tensors).stat().st_size,
     }
+
+
+PROFILE_FRAMES = 48  # the profiled run's latents at most: the profiler records every node call
+
+
+def run_profiled(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict,
+                 peaks: dict[str, float]) -> dict[str, dict]:
+    """The same generation once more with onnxruntime's profiler on every session: per graph, its MACs per frame
+    and compute floor, and the operators and nodes that take its time (runtime.profile). The profiles are read
+    in a temporary folder and removed."""
+    import tempfile
+
+    from .profile import graph_profile, node_runs
+
+    with tempfile.TemporaryDirectory(prefix="vibevoice-profile-") as folder:
+        bundle = Bundle(Path(bundle_dir), threads=threads, profile_dir=Path(folder))
+        backend_class, bench_frames, _ = bench_kind(bundle.kind)
+        options = {**_defaults(bench_frames), **options}
+        result = result_of(bundle.kind)
+        for _ in bench_frames(backend_class(bundle), bundle, voice, frames, result, **options):
+            pass
+        return {name: graph_profile(node_runs(path), result.frames, peaks)
+                for name, path in bundle.end_profiling().items()}
 
 
 def bench_voices(bundle: Bundle, voice: str | None) -> list[str]:
@@ -353,23 +425,27 @@ def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | N
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
           threads: int | None = None, decode_group: int | None = None, streams: int = 1,
-          audio: list[Path] | None = None, against: Path | None = None, cuda_graphs: bool = False) -> dict:
+          audio: list[Path] | None = None, against: Path | None = None, cuda_graphs: bool = False,
+          profile: bool = False) -> dict:
     """`decode_group` (realtime only): frames per decoder call after the first; None: the runtime's. With
     `streams` > 1, the report of `run_streams` (no reference). An ASR bundle: `run_transcription_streams` of
     the recordings `audio`, `frames` greedy tokens each. `against`: another bundle of the same kind (a fixed
     profile's dynamic sibling, another precision) run the same way in the same bench. `cuda_graphs`: a
-    fixed-profile CUDA bundle's graphs captured once and replayed (runtime.device.StaticBinding)."""
+    fixed-profile CUDA bundle's graphs captured once and replayed (runtime.device.StaticBinding). `profile`: each
+    graph against its bandwidth and compute floors, and its costliest operators (runtime.profile)."""
     if frames < 2:
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
     from .asr import ASR_KINDS
 
     if Bundle(Path(bundle_dir)).kind in ASR_KINDS:
-        if reference is not None or decode_group is not None:
+        if reference is not None or decode_group is not None or profile:
             raise VibeVoiceError("bench of an ASR bundle takes --streams, --frames (tokens) and --audio only")
         return run_transcription_streams(bundle_dir, frames, streams, list(audio or ()), threads)
     if audio:
         raise VibeVoiceError("--audio is for ASR bundles; a TTS bundle speaks its own bench text")
     options = {} if decode_group is None else {"decode_group": decode_group}
+    if profile and (streams > 1 or cuda_graphs):
+        raise VibeVoiceError("bench --profile profiles one stream on the CPU; run it without --streams and --cuda-graphs")
     if cuda_graphs and (streams > 1 or reference is not None or against is not None):
         raise VibeVoiceError("bench --cuda-graphs times one fixed-profile stream; run it without --streams, "
                              "--reference and --against (a second bench without --cuda-graphs compares)")
@@ -383,6 +459,12 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     bandwidth = memory_bandwidth(threads)
     report = {"runtime": runtime, "bandwidth_bytes_per_second": bandwidth}
     runtime["bandwidth_floor_ms_per_frame"] = 1000 * runtime["weight_bytes_per_frame"] / bandwidth
+    if profile:
+        from .profile import floors
+
+        peaks = compute_peaks(threads)
+        profiled = run_profiled(bundle_dir, min(frames, PROFILE_FRAMES), runtime["voice"], threads, options, peaks)
+        report["profile"] = floors(runtime, profiled, bandwidth, peaks)
     if reference is not None:
         report["reference"] = run_reference(reference, bundle_dir, runtime["voice"], frames, threads, options)
     if against is not None:
@@ -512,6 +594,10 @@ def format_report(report: dict) -> str:
                      f"this bundle takes {runtime['wall_seconds'] / other['wall_seconds']:.2f}x its time")
     lines.append("graph sizes   " + ", ".join(f"{name} {size / 1e6:.1f} MB"
                                               for name, size in runtime["graph_weight_bytes"].items()))
+    if "profile" in report:
+        from .profile import format_floors
+
+        lines += format_floors(report["profile"])
     return "\n".join(lines)
 
 
@@ -528,6 +614,18 @@ def _growth_line(run: dict) -> str:
             f"{growth['resident_bytes_max_after'] / 1e9:.2f} GB after ({100 * growth['memory_growth']:+.1f}%)")
 
 
+def _plot_floors(axis, profile: dict) -> None:
+    """Each graph's milliseconds a latent beside its floor (bench --profile), slowest on top."""
+    graphs = sorted(profile["graphs"].items(), key=lambda item: item[1]["ms_per_frame"])
+    rows = np.arange(len(graphs))
+    axis.barh(rows + 0.2, [g["ms_per_frame"] for _, g in graphs], height=0.4, label="measured")
+    axis.barh(rows - 0.2, [g["floor_ms_per_frame"] for _, g in graphs], height=0.4,
+              label="floor (weights at the bandwidth, or MACs at the peak rate)")
+    axis.set_yticks(rows, [f"{name} ({g['bound_by']})" for name, g in graphs])
+    axis.set_xlabel("ms per latent")
+    axis.legend()
+
+
 def plot(report: dict, path: Path) -> None:
     """When each latent's audio was ready, against the deadline a listener sets from the first audio on; and
     the time each latent took, against its position in the run."""
@@ -538,7 +636,9 @@ def plot(report: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise VibeVoiceError("--plot needs matplotlib (pip install matplotlib)") from None
-    figure, (ready, cost) = plt.subplots(2, 1, figsize=(8, 8))
+    profiled = "profile" in report
+    figure, axes = plt.subplots(3 if profiled else 2, 1, figsize=(8, 12 if profiled else 8))
+    ready, cost = axes[:2]
     if "streams" in report:  # each batched stream against its own deadline
         runs = [(f"stream {k}", times) for k, times in enumerate(report["together"]["chunk_times"])]
     else:
@@ -564,6 +664,8 @@ def plot(report: dict, path: Path) -> None:
     cost.set_ylabel("ms per latent (moving mean)")
     cost.set_ylim(bottom=0)
     cost.legend()
+    if profiled:
+        _plot_floors(axes[2], report["profile"])
     figure.tight_layout()
     try:
         figure.savefig(path)

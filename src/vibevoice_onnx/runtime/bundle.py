@@ -181,7 +181,7 @@ class Bundle:
     """Opens a bundle directory. Sessions are created on first use, with the given providers/options."""
 
     def __init__(self, path: Path, providers: list | None = None, session_options=None, threads: int | None = None,
-                 bound: bool = True, cuda_graphs: bool = False):
+                 bound: bool = True, cuda_graphs: bool = False, profile_dir: Path | None = None):
         self.path = Path(path)
         self.info = Manifest.read(self.path)  # the manifest, checked and typed: read its fields here
         self.manifest = self.info.raw  # manifest.json as written, a dict (the package reads `info`; users may read this)
@@ -204,6 +204,7 @@ class Bundle:
         self._sessions: dict = {}
         self._voice_files: dict = {}  # voices given as files or URLs, read once
         self.timings: dict[str, list[float]] | None = None  # graph -> seconds per call, once time_calls() is on
+        self.profile_dir = profile_dir  # onnxruntime's profiler on every session, its files here (bench --profile)
 
     def default_providers(self) -> list[str]:
         """The device the bundle was built for; a CUDA bundle without a CUDA provider is refused, never run
@@ -227,6 +228,10 @@ class Bundle:
         for session in self._sessions.values():
             session.timings = self.timings
         return self.timings
+
+    def end_profiling(self) -> dict[str, Path]:
+        """Each profiled session's profile written: {graph: its onnxruntime profile (Chrome trace JSON)}."""
+        return {name: Path(session.session.end_profiling()) for name, session in self._sessions.items()}
 
     def weight_bytes(self, name: str) -> int:
         """Bytes of graph `name` on disk (its weights, essentially): what one call reads from memory."""
@@ -311,6 +316,9 @@ class Bundle:
                 streaming = bool(self.info.graphs[name].get("states"))
                 options.enable_cpu_mem_arena = streaming
                 options.enable_mem_pattern = not streaming
+                if self.profile_dir is not None:
+                    options.enable_profiling = True
+                    options.profile_file_prefix = str(Path(self.profile_dir) / name)
             elif _shared_pool_threads is not None and options.use_per_session_threads:
                 raise VibeVoiceError("this process shares one onnxruntime thread pool (share_threads): session "
                                      "options must set use_per_session_threads = False")

@@ -1,0 +1,128 @@
+"""`bench --profile`: each graph's multiply-accumulates from onnxruntime's own profile, its floors, and its
+costliest operators. The MAC counts are checked against what the graphs' weights say independently (the onnx
+package reading the bundle's files), and against products built here whose size is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from vibevoice_onnx.cli import main
+from vibevoice_onnx.runtime.profile import graph_profile, macs, node_runs
+
+from conftest import copy_bundle
+
+
+@pytest.mark.parametrize("op, inputs, outputs, expected", [
+    ("MatMul", [[1, 5, 64], [64, 128]], [[1, 5, 128]], 5 * 64 * 128),
+    ("MatMulNBits", [[2, 3, 896], [4864, 28, 16], [4864 * 28]], [[2, 3, 4864]], 2 * 3 * 896 * 4864),
+    ("Gemm", [[2, 64], [64, 64], [64]], [[2, 64]], 2 * 64 * 64),
+    ("DynamicQuantizeMatMul", [[7, 256], [256, 512], [1]], [[7, 512]], 7 * 256 * 512),
+    ("Conv", [[1, 32, 100], [64, 32, 7], [64]], [[1, 64, 94]], 94 * 64 * 32 * 7),
+    ("Conv", [[1, 64, 100], [64, 1, 7]], [[1, 64, 94]], 94 * 64 * 7),  # depthwise: groups = channels
+    ("ConvTranspose", [[1, 64, 10], [64, 32, 8]], [[1, 32, 80]], 10 * 64 * 32 * 8),
+    ("QLinearConv", [[1, 8, 20], [1], [1], [16, 8, 3], [1], [1], [1], [1]], [[1, 16, 18]], 18 * 16 * 8 * 3),
+    ("Add", [[1, 64], [1, 64]], [[1, 64]], 0),
+    ("GroupQueryAttention", [[1, 1, 896]], [[1, 1, 896]], 0),
+])
+def test_each_products_macs_follow_from_its_shapes(op, inputs, outputs, expected):
+    assert macs(op, inputs, outputs) == expected
+
+
+@pytest.mark.parametrize("integer, op", [(False, "MatMul"), (True, "MatMulInteger")])
+def test_a_profiled_product_of_known_size_counts_its_macs_and_floor(integer, op, tmp_path):
+    """onnxruntime's own profile of the product bench measures its compute peak with: read back, its node
+    counts rows x inner x columns MACs, and its compute floor is those MACs at the peak of its kind."""
+    import onnx
+    import onnxruntime as ort
+
+    from vibevoice_onnx.runtime.bench import matmul_model
+
+    model = matmul_model(6, 40, 24, integer)
+    onnx.checker.check_model(onnx.load_from_string(model), full_check=True)  # bytes the onnx package reads
+    options = ort.SessionOptions()
+    options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "product")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as bench: not folded at load
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        session.run(None, {})
+    runs = node_runs(session.end_profiling())
+    assert [(run.op, run.macs) for run in runs] == [(op, 6 * 40 * 24)] * 3
+    peaks = {"float32": 1e9, "int8": 4e9}
+    profile = graph_profile(runs, 3, peaks)
+    assert profile["macs_per_frame"] == 6 * 40 * 24
+    assert profile["compute_floor_ms_per_frame"] == pytest.approx(1000 * 6 * 40 * 24 / peaks[
+        "int8" if integer else "float32"])
+    assert profile["top_ops"][0]["op"] == op and profile["top_ops"][0]["share"] == 1.0
+
+
+def product_weights(path) -> int:
+    """The weight elements a graph's matrix products multiply each input row by: its MatMul and Gemm
+    initializers, read with the onnx package (not from any profile)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    return sum(sizes.get(node.input[1], 0) for node in model.graph.node if node.op_type in ("MatMul", "Gemm"))
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_bundle, tmp_path_factory):
+    bundle = copy_bundle(tiny_bundle, tmp_path_factory.mktemp("profile") / "bundle")  # bench records in it
+    return bundle, bench_json(bundle, "--frames", "6", "--profile")
+
+
+def bench_json(bundle, *options: str) -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", str(bundle), *options, "--json", "--threads", "1"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_bench_profile_puts_every_graph_against_its_floors(profiled):
+    bundle, report = profiled
+    profile, runtime = report["profile"], report["runtime"]
+    assert set(profile["graphs"]) == set(runtime["graphs"])
+    for name, graph in profile["graphs"].items():
+        read = runtime["graph_weight_bytes"][name] * runtime["graphs"][name]["calls"] / runtime["frames"]
+        assert graph["weight_bytes_per_frame"] == pytest.approx(read)
+        assert graph["bandwidth_floor_ms_per_frame"] == pytest.approx(1000 * read / profile["bandwidth_bytes_per_second"])
+        assert graph["floor_ms_per_frame"] == max(graph["bandwidth_floor_ms_per_frame"], graph["compute_floor_ms_per_frame"])
+        assert graph["bound_by"] == ("compute" if graph["compute_floor_ms_per_frame"] > graph["bandwidth_floor_ms_per_frame"]
+                                     else "bandwidth")
+        shares = [op["share"] for op in graph["top_ops"]]
+        assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0001
+        assert graph["macs_per_frame"] > 0  # every graph of the realtime model multiplies matrices
+    assert profile["floor_ms_per_frame"] == pytest.approx(sum(g["floor_ms_per_frame"] for g in profile["graphs"].values()))
+
+
+@pytest.mark.parametrize("graph", ["eos_classifier", "acoustic_connector"])
+def test_a_graphs_macs_per_call_are_its_product_weights_for_one_row(profiled, graph):
+    """The two graphs that are products alone, called on one row each: the profile's MACs per call equal their
+    MatMul and Gemm weights' elements, counted from the bundle's ONNX files."""
+    bundle, report = profiled
+    counted = report["profile"]["graphs"][graph]
+    per_call = counted["macs_per_frame"] / counted["calls_per_frame"]
+    assert per_call == pytest.approx(product_weights(bundle / f"{graph}.onnx"), rel=1e-12)
+
+
+def test_bench_profile_prints_and_plots_a_row_per_graph_and_refuses_what_it_cannot_profile(profiled, tiny_asr_bundle,
+                                                                                          capsys, tmp_path):
+    from vibevoice_onnx.runtime.bench import format_report, plot
+
+    bundle, report = profiled
+    text = format_report(report)
+    assert "floors        at" in text and all(f"  {name} " in text for name in report["profile"]["graphs"])
+    if importlib.util.find_spec("matplotlib"):  # --plot's optional library
+        plot(report, tmp_path / "bench.png")
+        assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["bench", str(bundle), "--profile", "--streams", "2"]) == 2
+    assert "bench --profile profiles one stream on the CPU" in capsys.readouterr().err
+    assert main(["bench", str(tiny_asr_bundle), "--profile", "--audio", "x.wav"]) == 2
+    assert "takes --streams, --frames (tokens) and --audio only" in capsys.readouterr().err
