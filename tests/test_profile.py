@@ -59,6 +59,18 @@ def test_a_profiled_product_of_known_size_counts_its_macs_and_floor(integer, op,
     assert profile["top_ops"][0]["op"] == op and profile["top_ops"][0]["share"] == 1.0
 
 
+def test_a_floor_counts_each_product_at_the_fastest_rate_it_can_run():
+    """MatMulNBits (accuracy_level 4, as build writes it) and the int8 kernels at the int8 rate; a float32
+    convolution at float32's: the floor is the least time, never more than the graph could take."""
+    from vibevoice_onnx.runtime.profile import NodeRun
+
+    runs = [NodeRun("q", "MatMulNBits", 10, 8_000), NodeRun("d", "DynamicQuantizeMatMul", 10, 4_000),
+            NodeRun("c", "Conv", 10, 3_000), NodeRun("n", "SimplifiedLayerNormalization", 10, 0)]
+    profile = graph_profile(runs, 2, {"float32": 1_000.0, "int8": 4_000.0})
+    assert profile["compute_floor_ms_per_frame"] == pytest.approx(1000 * (12_000 / 4_000 + 3_000 / 1_000) / 2)
+    assert profile["macs_per_frame"] == 7_500 and profile["node_calls_per_frame"] == 2
+
+
 def product_weights(path) -> int:
     """The weight elements a graph's matrix products multiply each input row by: its MatMul and Gemm
     initializers, read with the onnx package (not from any profile)."""

@@ -10,10 +10,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-# Operators whose products run on onnxruntime's int8 kernels; every other product computes in float32
-# (MatMulNBits dequantizes its 4- or 8-bit weights to float32 blocks).
+# Products counted at the int8 rate: those of onnxruntime's int8 kernels, and MatMulNBits, which runs on them
+# where its accuracy_level is 4 (as `build` writes it) and the kernel has a path for its bits and block size. A
+# floor is the least time a product can take, so the faster rate; every other product counts at float32's.
 INT8_OPS = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "ConvInteger",
-            "QLinearConv", "QGemm"}
+            "QLinearConv", "QGemm", "MatMulNBits"}
 PRODUCTS = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat",
             "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm"}
 CONVOLUTIONS = {"Conv", "FusedConv", "ConvInteger", "QLinearConv", "NhwcConv"}
