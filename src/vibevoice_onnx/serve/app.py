@@ -74,20 +74,19 @@ class Settings:
 
 def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    workers = ThreadPoolExecutor(settings.max_active + 2, thread_name_prefix="generation")
+    state = ServerState.open(models, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         settings.stopping.set()
-        workers.shutdown(wait=False, cancel_futures=True)
+        state.workers.shutdown(wait=False, cancel_futures=True)
 
     app = _Guarded(title="vibevoice-onnx", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
-    state = ServerState(models, settings, workers)
     app.state.vibevoice = state
     _errors(app)
     _auth_and_log(app, settings)
-    voices = sorted({v for m in models.by_id.values() if m.task == "tts" for v in m.voices()})
+    voices = sorted({v for m in models.doing("tts") for v in m.voices()})
     add_page_routes(app)
 
     @app.get("/health", **schema.health())
@@ -107,7 +106,7 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/audio/voices", **schema.voices_list())
     async def list_voices(model: str | None = None):
-        chosen = [served_model(models, model, "tts")] if model else [m for m in models.by_id.values() if m.task == "tts"]
+        chosen = [served_model(models, model, "tts")] if model else models.doing("tts")
         return {"voices": [{"id": v, "name": v, "model": m.id} for m in chosen for v in m.voices()]}
 
     @app.post("/v1/audio/voices", **schema.voice_upload(models.names("tts")))
@@ -142,6 +141,11 @@ class ServerState:
     settings: Settings
     workers: ThreadPoolExecutor
     admission: Admission | None = None
+
+    @classmethod
+    def open(cls, models: Models, settings: Settings) -> "ServerState":
+        """The state with its worker threads: one per generation slot, and two for the jobs that wait on a client."""
+        return cls(models, settings, ThreadPoolExecutor(settings.max_active + 2, thread_name_prefix="generation"))
 
     async def run(self, job, on_stop=None) -> Pump:
         """`job` in a worker thread once a generation slot is free (else a 429); the slot is freed when it ends."""

@@ -116,17 +116,21 @@ class Models:
             models.append(ServedModel(model_id, runner.bundle, runner, dict(aliases or {}), batch))
         return cls(models)
 
+    def doing(self, task: str) -> list[ServedModel]:
+        """The served models of `task` ("tts" or "asr"), in the order they were given."""
+        return [m for m in self.by_id.values() if m.task == task]
+
     def names(self, task: str) -> list[str]:
         """Every name a request may give for `task`: the served ids, then OpenAI's names when one is served."""
-        ids = [m.id for m in self.by_id.values() if m.task == task]
+        ids = [m.id for m in self.doing(task)]
         return ids + [k for k, v in OPENAI_MODELS.items() if v == task] * bool(ids)
 
     def get(self, name: str, task: str) -> ServedModel:
         model = self.by_id.get(name)
         if model is None and OPENAI_MODELS.get(name) == task:
-            model = next((m for m in self.by_id.values() if m.task == task), None)
+            model = next(iter(self.doing(task)), None)
         if model is None:
-            served = ", ".join(m.id for m in self.by_id.values() if m.task == task) or "none"
+            served = ", ".join(m.id for m in self.doing(task)) or "none"
             what = "speech" if task == "tts" else "transcription"
             raise VibeVoiceError(f"no {what} model '{name}' here (served: {served}; OpenAI's names "
                                  f"{', '.join(k for k, v in OPENAI_MODELS.items() if v == task)} go to the first)")

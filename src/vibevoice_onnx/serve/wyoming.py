@@ -14,7 +14,6 @@ import logging
 import queue
 import re
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from urllib.parse import urlparse
@@ -54,14 +53,6 @@ EVENTS = ("describe", "synthesize", "synthesize-start/chunk/stop", "transcribe",
 
 # ---- what the server offers ----
 
-def speaking(models: Models) -> list[ServedModel]:
-    return [model for model in models.by_id.values() if model.task == "tts"]
-
-
-def transcribing(models: Models) -> list[ServedModel]:
-    return [model for model in models.by_id.values() if model.task == "asr"]
-
-
 def voice_languages(model: ServedModel, voice: str) -> list[str]:
     """A voice's language: its name's prefix where it has one (upstream's presets: en-Carter_man, de-Spk0_man),
     else the languages of its model's kind."""
@@ -82,10 +73,10 @@ def info(models: Models) -> Info:
                       voices=[TtsVoice(name=voice, attribution=ATTRIBUTION, installed=True, version=None,
                                        description=None, languages=voice_languages(model, voice))
                               for voice in model.voices()])
-           for model in speaking(models)]
+           for model in models.doing("tts")]
     asr = [AsrProgram(**described(model), supports_transcript_streaming=family(model.kind).streams_audio,
                       models=[AsrModel(**described(model), languages=list(family(model.kind).languages))])
-           for model in transcribing(models)]
+           for model in models.doing("asr")]
     return Info(tts=tts, asr=asr)
 
 
@@ -93,7 +84,7 @@ def choose_voice(models: Models, voice) -> tuple[ServedModel, str]:
     """The speaking model and its voice(s) for a synthesize event's `voice` ({name, language}): the model that has
     the (first) named voice, a comma list giving a script's speakers in order; without a name, the first voice in
     the language asked, else the first speaking model's first voice."""
-    candidates = [model for model in speaking(models) if model.voices()]
+    candidates = [model for model in models.doing("tts") if model.voices()]
     if not candidates:
         raise ApiError(400, "no served model has a voice: import one with `vibevoice-onnx voices import`",
                        code="no_voices")
@@ -120,7 +111,7 @@ def transcribing_model(models: Models, name: str | None) -> ServedModel:
     """The model a transcribe event names (a served id, or OpenAI's whisper-1 ...), else the first one served."""
     if name:
         return models.get(name, "asr")
-    served = transcribing(models)
+    served = models.doing("asr")
     if not served:
         raise ApiError(400, "this server transcribes nothing: serve a VibeVoice-ASR or ASR-Streaming model as well",
                        code="no_transcription")
@@ -381,20 +372,25 @@ class Connection(AsyncEventHandler):
             with contextlib.suppress(BaseException):
                 await speaking.sending
 
+    @contextlib.contextmanager
+    def _held(self, pump):
+        """A job of this connection's, stopped when its sender is done (or the connection ends: disconnect)."""
+        self.pumps.add(pump)
+        try:
+            yield pump
+        finally:
+            pump.stop()
+            self.pumps.discard(pump)
+
     async def _send_audio(self, generation) -> None:
         """audio-start, an audio-chunk per decoded piece as it comes, audio-stop; a generation slot held meanwhile."""
         settings = self.state.settings
-        pump = await self.state.run(encode_job(generation, "pcm", False, settings.stopping),
-                                    on_stop=getattr(generation, "close", None))
-        self.pumps.add(pump)
-        try:
+        with self._held(await self.state.run(encode_job(generation, "pcm", False, settings.stopping),
+                                             on_stop=getattr(generation, "close", None))) as pump:
             await self.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
             async for data in pump:
                 await self.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS, audio=data).event())
             await self.write_event(AudioStop().event())
-        finally:
-            pump.stop()
-            self.pumps.discard(pump)
 
     # -- transcription --
 
@@ -424,17 +420,14 @@ class Connection(AsyncEventHandler):
         request = asr_route.LiveRequest(listening.model, listening.hotwords, options, listening.rate, "<f4")
         listening.live = pieces = queue.Queue()
         pump = await self.state.run(asr_route.live_job(request, pieces), on_stop=lambda: pieces.put(asr_route.CLOSE))
-        self.pumps.add(pump)
+        self.pumps.add(pump)  # held from here: disconnect stops it even before its sender starts
         await self.write_event(TranscriptStart(language=listening.asked.language).event())
 
         async def send_chunks():
-            try:
+            with self._held(pump):
                 async for chunk in pump:
                     await self.write_event(TranscriptChunk(text=chunk.text).event())
                 return pump.result
-            finally:
-                pump.stop()
-                self.pumps.discard(pump)
 
         listening.sending = asyncio.create_task(send_chunks())
 
@@ -485,14 +478,9 @@ class Connection(AsyncEventHandler):
         options.setdefault("max_new_tokens", MAX_NEW_TOKENS)
         call = asr_route.TranscriptionCall(listening.model, "json", options.pop("hotwords"), listening.asked.language,
                                            False, options)
-        pump = await self.state.run(asr_route.transcribe_job(call, samples, listening.rate, False))
-        self.pumps.add(pump)
-        try:
+        with self._held(await self.state.run(asr_route.transcribe_job(call, samples, listening.rate, False))) as pump:
             async for _ in pump:  # heartbeats while it decodes
                 pass
-        finally:
-            pump.stop()
-            self.pumps.discard(pump)
         return asr_route.readable_text(pump.result)
 
     async def _end_listening(self) -> None:
@@ -537,8 +525,7 @@ async def serve(models: Models, settings: Settings, uri: str, seed: int | None =
     connections close. `announce`: a name to announce the service under with zeroconf (mDNS), as Home
     Assistant discovers Wyoming services."""
     stop = stop or asyncio.Event()
-    workers = ThreadPoolExecutor(settings.max_active + 2, thread_name_prefix="generation")
-    service = Service(ServerState(models, settings, workers), seed, max_new_tokens)
+    service = Service(ServerState.open(models, settings), seed, max_new_tokens)
     server = await _listen(uri, lambda reader, writer: Connection(service, reader, writer).run())
     announced = await _announce(announce, uri) if announce else None
     if on_listening is not None:
@@ -554,7 +541,7 @@ async def serve(models: Models, settings: Settings, uri: str, seed: int | None =
         tasks = [c.task for c in service.connections if c.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=shutdown_seconds)
-        workers.shutdown(wait=False, cancel_futures=True)
+        service.state.workers.shutdown(wait=False, cancel_futures=True)
         if announced is not None:
             await announced.async_unregister_all_services()
             await announced.async_close()
@@ -597,7 +584,6 @@ def _lan_address() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(("224.0.0.251", 5353))
         return probe.getsockname()[0]
-
 
 
 def run(bundles: list, settings: Settings, uri: str = "tcp://127.0.0.1:10200", seed: int | None = None,
