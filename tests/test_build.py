@@ -56,6 +56,28 @@ def test_lm_graphs_do_not_carry_the_embedding_table(tiny_bundle):
     assert not any(tuple(i.dims) == (512, 64) for i in model.graph.initializer)
 
 
+def test_lm_layers_run_as_few_fused_kernels(tiny_bundle, tmp_path):
+    """As onnxruntime's model builder writes Qwen2: per layer, once onnxruntime has optimized the graph, two
+    fused RMSNorms, one product for q, k and v with its bias Add and the Split of its output, one
+    GroupQueryAttention that also rotates (no rotary operators around it), o, gate, up and down, the SiLU, the
+    gating Mul and the two residual Adds: 14 operators at fp32 (13 quantized, where MatMulNBits takes the bias;
+    the transformers form ran 47: each norm seven, the rotary twelve)."""
+    from collections import Counter
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tiny_bundle / "upper_lm.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    ops, layers = Counter(n.op_type for n in optimized.graph.node), 4
+    assert ops["SimplifiedLayerNormalization"] == 2 * layers + 1 and ops["GroupQueryAttention"] == layers
+    assert ops["MatMul"] == (1 + 4) * layers and not ops.keys() & {"Sin", "Cos", "Neg", "Pow", "Sqrt", "Reciprocal"}
+    assert sum(ops.values()) == 14 * layers + 1  # + the final norm
+    rotary = [a.i for n in optimized.graph.node if n.op_type == "GroupQueryAttention" for a in n.attribute if a.name == "do_rotary"]
+    assert rotary == [1] * layers
+
+
 def test_decoder_gelus_run_as_fused_kernels(tiny_bundle):
     from collections import Counter
 

@@ -376,6 +376,23 @@ assert "onnx" not in sys.modules
     assert "torch-free ok" in proc.stdout
 
 
+def test_bench_against_runs_the_other_bundle_in_the_same_kind_of_thread_pool(tiny_bundle):
+    """`bench --against` times the other bundle in a child process: where the command line shares one pool
+    (share_threads), the child must too, or the comparison pits a shared pool against a pool per session
+    (full-size realtime int8, two bundles 3% apart in the same pool: RTF 0.36 in the shared pool, 0.44 in pools per
+    session)."""
+    proc = run_torch_free(f"""
+from vibevoice_onnx.runtime.bench import bench
+from vibevoice_onnx.runtime.bundle import share_threads
+share_threads(2)
+report = bench({str(tiny_bundle)!r}, frames=2, against={str(tiny_bundle)!r})
+assert report["runtime"]["shared_pool_threads"] == 2, report["runtime"]["shared_pool_threads"]
+assert report["against"]["shared_pool_threads"] == 2, report["against"]["shared_pool_threads"]
+""")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-free ok" in proc.stdout
+
+
 def test_the_hand_serialised_bandwidth_graph_is_the_one_onnx_would_build():
     """bench's probe writes its ONNX bytes without the onnx package; onnx (test extra) must read them as a valid
     model holding the same graph its own helpers build, and onnxruntime must sum the rows."""

@@ -15,7 +15,6 @@ from typing import Callable
 import torch
 from torch import nn
 from torch.export import Dim
-from transformers import AttentionInterface
 
 from ..checkpoints.configs import HeadDims, QwenDims
 from ..reference.modules import ConvState, UpstreamPadding, conv_state_specs
@@ -30,8 +29,9 @@ def kv_names(layers: int, prefix: str) -> list[str]:
 
 # --- attention over a fixed-capacity KV cache: onnxruntime's GroupQueryAttention (com.microsoft) ---------------
 #
-# The LM graphs attend with one GroupQueryAttention node per layer. It takes the new tokens' (rotated) keys and
-# values, the past cache [B, KV, capacity, D] and each row's length, writes the new keys and values into the
+# The LM graphs attend with one GroupQueryAttention node per layer. It takes the new tokens' keys and values
+# (not yet rotated: the kernel rotates queries and keys by each row's positions, from cos/sin tables the graph
+# holds), the past cache [B, KV, capacity, D] and each row's length, writes the new keys and values into the
 # cache at each row's length and attends over the filled part. When the runtime binds a layer's past and present
 # to the same memory, that write is in place: a step costs its attention, not a copy of the whole cache (facts
 # sheet 12.12, item 8: a shared buffer is flat in memory). The KV heads are not repeated (in the kernel), rows keep
@@ -40,12 +40,14 @@ def kv_names(layers: int, prefix: str) -> list[str]:
 @torch.library.custom_op("vibevoice::group_query_attention", mutates_args=())
 def group_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
                           past_value: torch.Tensor, seqlens_k: torch.Tensor, total_sequence_length: torch.Tensor,
-                          num_heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int, kv_heads: int,
+                          scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     raise NotImplementedError("traced for export only: onnxruntime's GroupQueryAttention computes it")
 
 
 @group_query_attention.register_fake
-def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, num_heads, kv_heads, scale):
+def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache, num_heads,
+      kv_heads, scale):
     return query.new_empty(query.shape), past_key.new_empty(past_key.shape), past_value.new_empty(past_value.shape)
 
 
@@ -58,84 +60,90 @@ def _group_query_attention_op():
     schema = OpSchema(
         "GroupQueryAttention", "com.microsoft", 1,
         inputs=[formal(n, "T") for n in ("query", "key", "value", "past_key", "past_value")]
-        + [formal(n, "M") for n in ("seqlens_k", "total_sequence_length")],
+        + [formal(n, "M") for n in ("seqlens_k", "total_sequence_length")]
+        + [formal(n, "T") for n in ("cos_cache", "sin_cache")],
         outputs=[formal(n, "T") for n in ("output", "present_key", "present_value")],
         type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
-        attributes=[attribute("num_heads", OpSchema.AttrType.INT, ""), attribute("kv_num_heads", OpSchema.AttrType.INT, ""),
-                    attribute("scale", OpSchema.AttrType.FLOAT, "")])
+        attributes=[attribute(name, OpSchema.AttrType.INT, "") for name in ("num_heads", "kv_num_heads", "do_rotary")]
+        + [attribute("scale", OpSchema.AttrType.FLOAT, "")])
     return onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), "GroupQueryAttention", schema)
 
 
 def _translate_group_query_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                                     num_heads: int, kv_heads: int, scale: float):
+                                     cos_cache, sin_cache, num_heads: int, kv_heads: int, scale: float):
     return _group_query_attention_op()(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                                       num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
+                                       cos_cache, sin_cache, num_heads=num_heads, kv_num_heads=kv_heads, do_rotary=1,
+                                       scale=scale, _outputs=3)
 
 
 CUSTOM_TRANSLATIONS = {torch.ops.vibevoice.group_query_attention.default: _translate_group_query_attention}
-CACHE_ATTENTION = "vibevoice_cache"
 
 
-class _CacheInputs:
-    """What one traced call of LanguageModelGraph gives its layers' attention: the past per layer, each row's
-    length after the call and the longest; it collects each layer's present. transformers' layers hand their new
-    keys and values to `update` and attend to what it returns: here, the new ones only (the op holds the past)."""
-
-    active: list["_CacheInputs"] = []
-
-    def __init__(self, past, seqlens_k, total):
-        self.past, self.seqlens_k, self.total, self.present = past, seqlens_k, total, {}
-
-    def update(self, key, value, layer_idx, *args, **kwargs):
-        return key, value
-
-    def get_seq_length(self, *args, **kwargs) -> int:
-        return 0  # positions are explicit inputs
-
-
-def cache_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """transformers' attention interface on GroupQueryAttention: q [B, H, S, D], k and v [B, KV, S, D] (rotated)."""
-    inputs, layer = _CacheInputs.active[-1], module.layer_idx
-    batch, heads, length, dim = query.shape
-    kv_heads = key.shape[1]
-    packed = [t.transpose(1, 2).reshape(batch, length, -1) for t in (query, key, value)]
-    output, present_key, present_value = torch.ops.vibevoice.group_query_attention(
-        *packed, inputs.past[2 * layer], inputs.past[2 * layer + 1], inputs.seqlens_k, inputs.total, heads, kv_heads,
-        float(scaling))
-    inputs.present[layer] = (present_key, present_value)
-    return output.reshape(batch, length, heads, dim), None
-
-
-AttentionInterface.register(CACHE_ATTENTION, cache_attention)
+def is_placeholder(tensor: torch.Tensor) -> bool:
+    """A skeleton's stand-in for a weight left in the shards (reference.loading.placeholder): one value, broadcast."""
+    return tensor.numel() > 1 and all(stride == 0 for stride in tensor.stride())
 
 
 class LanguageModelGraph(nn.Module):
     """One Qwen2 stack over a KV cache of fixed capacity: inputs_embeds [B, S, H] and position_ids [B, S],
     seqlens_k [B] (each row's cached length after this call, minus one: GroupQueryAttention's convention),
     total_sequence_length (the longest row's), past K/V per layer [B, KV, capacity, D]; outputs the hidden
-    states and the present K/V (the same capacity: the runtime binds them to the past's memory)."""
+    states and the present K/V (the same capacity: the runtime binds them to the past's memory).
+
+    transformers' layers, written out in the form onnxruntime runs fastest, as its model builder writes Qwen2
+    for onnxruntime GenAI: each RMSNorm as the one SimplifiedLayerNormalization it fuses (with the residual
+    add before it, SkipSimplifiedLayerNormalization), the rotary embedding inside GroupQueryAttention, and the
+    query, key and value projections as one product where they are plain linears holding their weights (a
+    BitNet's BitLinears and a skeleton's placeholders stay three). Positions are each row's cache length (the
+    kernel's rotary counts them from seqlens_k; the runtime never feeds others), so position_ids only sizes the
+    call. The same weights and numbers: verify gates the graph against transformers' model."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
-        # A shallow view of the model without its token embedding: the host embeds, the graph never does.
-        self.lm = copy.copy(lm)
-        self.lm._modules = dict(lm._modules)
-        self.lm._modules["embed_tokens"] = None
-        self.layers = len(lm.layers)
+        # Only what the graph reads: no token embedding (the host embeds) and no rotary module (tables below).
+        self.layers, self.norm = lm.layers, lm.norm
+        attention = lm.layers[0].self_attn
+        self.heads, self.kv_heads = lm.config.num_attention_heads, lm.config.num_key_value_heads
+        self.head_dim, self.scale = attention.head_dim, float(attention.scaling)
+        positions = torch.arange(lm.config.max_position_embeddings)[None]
+        cos, sin = lm.rotary_emb(torch.zeros((), dtype=torch.float32), positions)
+        half = self.head_dim // 2  # the two halves of each row repeat: the kernel takes one
+        self.register_buffer("cos_cache", cos[0, :, :half].contiguous(), persistent=False)
+        self.register_buffer("sin_cache", sin[0, :, :half].contiguous(), persistent=False)
+        self.packed = nn.ModuleList(_packed_projections(layer.self_attn) for layer in lm.layers)
 
     def forward(self, inputs_embeds, position_ids, seqlens_k, total_sequence_length, *past):
-        inputs = _CacheInputs(past, seqlens_k, total_sequence_length)
-        config = self.lm.config  # shared with the reference, which keeps SDPA: switched for this call only
-        reference_attention, config._attn_implementation = config._attn_implementation, CACHE_ATTENTION
-        _CacheInputs.active.append(inputs)
-        try:
-            # A mapping for the mask skips transformers' mask building: the kernel masks by lengths.
-            out = self.lm(inputs_embeds=inputs_embeds, attention_mask={"full_attention": None}, position_ids=position_ids,
-                          past_key_values=inputs, use_cache=True)
-        finally:
-            config._attn_implementation = reference_attention
-            _CacheInputs.active.pop()
-        return (out.last_hidden_state, *[t for layer in range(self.layers) for t in inputs.present[layer]])
+        x, present = inputs_embeds, []
+        for index, layer in enumerate(self.layers):
+            attended, key, value = self._attention(index, layer.self_attn, rms_norm(x, layer.input_layernorm),
+                                                   past[2 * index], past[2 * index + 1], seqlens_k, total_sequence_length)
+            x = x + attended
+            x = x + layer.mlp(rms_norm(x, layer.post_attention_layernorm))
+            present += [key, value]
+        return (rms_norm(x, self.norm) if hasattr(self.norm, "variance_epsilon") else self.norm(x), *present)
+
+    def _attention(self, index, attention, hidden, past_key, past_value, seqlens_k, total):
+        packed = self.packed[index]
+        if isinstance(packed, nn.Linear):
+            query, key, value = packed(hidden).split([self.heads * self.head_dim, *2 * [self.kv_heads * self.head_dim]], -1)
+        else:
+            query, key, value = (attention.q_proj(hidden), attention.k_proj(hidden), attention.v_proj(hidden))
+        output, present_key, present_value = torch.ops.vibevoice.group_query_attention(
+            query, key, value, past_key, past_value, seqlens_k, total, self.cos_cache, self.sin_cache,
+            self.heads, self.kv_heads, self.scale)
+        return attention.o_proj(output), present_key, present_value
+
+
+def _packed_projections(attention: nn.Module) -> nn.Module:
+    """The query, key and value projections as one linear (their weights stacked), or Identity where they
+    cannot be (not plain linears, or placeholders of a skeleton whose weights stream from the shards)."""
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    if not all(type(p) is nn.Linear and p.bias is not None and not is_placeholder(p.weight) for p in projections):
+        return nn.Identity()
+    packed = nn.Linear(attention.q_proj.in_features, sum(p.out_features for p in projections), device="meta")
+    packed.weight = nn.Parameter(torch.cat([p.weight.detach() for p in projections]), requires_grad=False)
+    packed.bias = nn.Parameter(torch.cat([p.bias.detach() for p in projections]), requires_grad=False)
+    return packed
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:

@@ -51,6 +51,8 @@ class Scheme:
 
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # a Qwen2 layer's weight MatMuls, in graph order
+# ... where the graph computes the query, key and value projections as one product (export.graphs.LanguageModelGraph)
+PACKED_PROJECTIONS = ("qkv", "o", "gate", "up", "down")
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,18 @@ class Mixed:
                 "method": "mixed", "base": self.base.describe(), "rules": [r.describe() for r in self.rules]}
 
     def pick(self, layer: int, layers: int, projection: str) -> Scheme:
+        if projection == "qkv":  # one product: the rules must give q, k and v one scheme
+            picked = {self.pick(layer, layers, part) for part in "qkv"}
+            if len(picked) > 1:
+                raise VibeVoiceError(f"layer {layer}: the rules give q, k and v different bits, but the graph computes "
+                                     "them in one product; give them one rule")
+            return picked.pop()
         return next((r.scheme for r in self.rules if r.matches(layer, layers, projection)), self.base)
 
-    def assign(self, layers: int) -> list[Scheme]:
-        """The scheme of each weight MatMul, in graph order, for an LM of `layers` decoder layers."""
-        return [self.pick(layer, layers, projection) for layer in range(layers) for projection in PROJECTIONS]
+    def assign(self, layers: int, arrangement: tuple[str, ...] = PROJECTIONS) -> list[Scheme]:
+        """The scheme of each weight MatMul, in graph order, for an LM of `layers` decoder layers whose weight
+        MatMuls are `arrangement` per layer."""
+        return [self.pick(layer, layers, projection) for layer in range(layers) for projection in arrangement]
 
     def of_weight(self, name: str, layers: int) -> Scheme:
         """The scheme of a Qwen2 weight named by its parameter name (a streamed export quantizes by name)."""
@@ -113,18 +122,22 @@ def layer_count(names) -> int:
     return 1 + max((int(m[1]) for m in map(_QWEN_WEIGHT.search, names) if m), default=-1)
 
 
-def lm_weight_matmuls(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """An exported Qwen2 stack's weight MatMuls in graph order, checked to be q, k, v, o, gate, up, down per
-    layer (q, k and v read one input; gate and up another), so a rule can name a layer's projection."""
+def lm_weight_matmuls(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], tuple[str, ...]]:
+    """An exported Qwen2 stack's weight MatMuls in graph order and their arrangement per layer, checked to be
+    q, k, v, o, gate, up, down (q, k and v read one input; gate and up another) or, with q, k and v packed into
+    one product, qkv, o, gate, up, down, so a rule can name a layer's projection."""
     constants = {t.name for t in model.graph.initializer}
     nodes = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in constants]
-    per = len(PROJECTIONS)
-    layers = [nodes[i : i + per] for i in range(0, len(nodes), per)]
-    if not nodes or len(nodes) % per or any(
-            len({n.input[0] for n in layer[:3]}) != 1 or layer[4].input[0] != layer[5].input[0] for layer in layers):
-        raise VibeVoiceError(f"a mixed scheme needs a Qwen2 stack's {per} weight MatMuls per layer in order; this graph "
-                             f"has {len(nodes)} weight MatMuls in another arrangement")
-    return nodes
+    for arrangement in (PROJECTIONS, PACKED_PROJECTIONS):
+        per, gate = len(arrangement), arrangement.index("gate")
+        layers = [nodes[i : i + per] for i in range(0, len(nodes), per)]
+        shared = arrangement.index("o")  # the projections before o read the layer's normed input
+        if nodes and not len(nodes) % per and all(
+                len({n.input[0] for n in layer[:shared]}) == 1 and layer[gate].input[0] == layer[gate + 1].input[0]
+                and layer[shared].input[0] != layer[0].input[0] for layer in layers):
+            return nodes, arrangement
+    raise VibeVoiceError(f"a mixed scheme needs a Qwen2 stack's weight MatMuls per layer in order ({', '.join(PROJECTIONS)}, "
+                         f"or {', '.join(PACKED_PROJECTIONS)}); this graph has {len(nodes)} weight MatMuls in another arrangement")
 
 
 # On a 2-core AVX2 CPU without VNNI (this project's reference machine), for a [2, 896] x [896, 4864] product:
@@ -264,8 +277,8 @@ def quantize_graph(path: Path, scheme: Scheme | Mixed, external_data: bool) -> d
         count = sum(1 for n in quantized.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul"))
     else:
         if scheme.method == "mixed":
-            nodes = lm_weight_matmuls(model)
-            assigned = scheme.assign(len(nodes) // len(PROJECTIONS))
+            nodes, arrangement = lm_weight_matmuls(model)
+            assigned = scheme.assign(len(nodes) // len(arrangement), arrangement)
             passes = [(s, {n.name for n, a in zip(nodes, assigned) if a != s}) for s in dict.fromkeys(assigned)]
         else:
             passes = [(scheme, set())]

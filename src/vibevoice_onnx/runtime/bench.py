@@ -415,12 +415,15 @@ def child_run(command: list[str], what: str) -> dict:
 
 
 def run_other_bundle(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict) -> dict:
-    """`run_runtime` of another bundle in a child process (its own memory), for `bench --against`."""
+    """`run_runtime` of another bundle in a child process (its own memory), for `bench --against`, its sessions
+    in one shared thread pool where this process's are (the command line's), so both run the same way."""
     code = ("import json, sys; from vibevoice_onnx.runtime.bench import run_runtime; "
+            "from vibevoice_onnx.runtime.bundle import share_threads; "
+            "int(sys.argv[6]) and share_threads(int(sys.argv[6])); "
             "print(json.dumps(run_runtime(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]) or None, "
             "json.loads(sys.argv[5]))))")
     return child_run([sys.executable, "-c", code, str(bundle_dir), str(frames), voice, str(threads or 0),
-                      json.dumps(options)], f"the run of {bundle_dir}")
+                      json.dumps(options), str(shared_pool_threads() or 0)], f"the run of {bundle_dir}")
 
 
 def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, reference: Path | None = None,
