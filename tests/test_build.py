@@ -78,6 +78,28 @@ def test_lm_layers_run_as_few_fused_kernels(tiny_bundle, tmp_path):
     assert rotary == [1] * layers
 
 
+def test_diffusion_head_graphs_run_as_few_fused_kernels(tiny_bundle, tmp_path):
+    """The conditioning graph projects the activated condition once for every layer (one product, no Concat);
+    the step graph's norms are each one SimplifiedLayerNormalization (seven operators in transformers' form)."""
+    from collections import Counter
+
+    import onnxruntime as ort
+
+    def optimized_ops(name: str) -> Counter:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        ort.InferenceSession(str(tiny_bundle / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+        return Counter(n.op_type for n in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node)
+
+    conditioning, step = optimized_ops("diffusion_head_conditioning"), optimized_ops("diffusion_head_step")
+    layers = json.loads((tiny_bundle / "manifest.json").read_text())["config"]["diffusion_head_config"]["head_layers"]
+    # products: the condition's, the timestep MLP's two and one for every layer's modulation (8 as transformers
+    # writes it, a projection a layer and a Concat of them); the one Concat left is the timestep's sin and cos
+    assert conditioning["MatMul"] + conditioning["Gemm"] + conditioning["FusedGemm"] == 4 and conditioning["Concat"] == 1
+    assert step["SimplifiedLayerNormalization"] == layers + 1
+    assert not step.keys() & {"Pow", "ReduceMean", "Sqrt", "Reciprocal"}
+
+
 def test_decoder_gelus_run_as_fused_kernels(tiny_bundle):
     from collections import Counter
 

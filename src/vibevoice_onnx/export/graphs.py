@@ -110,7 +110,8 @@ class LanguageModelGraph(nn.Module):
         half = self.head_dim // 2  # the two halves of each row repeat: the kernel takes one
         self.register_buffer("cos_cache", cos[0, :, :half].contiguous(), persistent=False)
         self.register_buffer("sin_cache", sin[0, :, :half].contiguous(), persistent=False)
-        self.packed = nn.ModuleList(_packed_projections(layer.self_attn) for layer in lm.layers)
+        self.packed = nn.ModuleList(_stacked([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                                    or nn.Identity() for layer in lm.layers)
 
     def forward(self, inputs_embeds, position_ids, seqlens_k, total_sequence_length, *past):
         x, present = inputs_embeds, []
@@ -132,18 +133,6 @@ class LanguageModelGraph(nn.Module):
             query, key, value, past_key, past_value, seqlens_k, total, self.cos_cache, self.sin_cache,
             self.heads, self.kv_heads, self.scale)
         return attention.o_proj(output), present_key, present_value
-
-
-def _packed_projections(attention: nn.Module) -> nn.Module:
-    """The query, key and value projections as one linear (their weights stacked), or Identity where they
-    cannot be (not plain linears, or placeholders of a skeleton whose weights stream from the shards)."""
-    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-    if not all(type(p) is nn.Linear and p.bias is not None and not is_placeholder(p.weight) for p in projections):
-        return nn.Identity()
-    packed = nn.Linear(attention.q_proj.in_features, sum(p.out_features for p in projections), device="meta")
-    packed.weight = nn.Parameter(torch.cat([p.weight.detach() for p in projections]), requires_grad=False)
-    packed.bias = nn.Parameter(torch.cat([p.bias.detach() for p in projections]), requires_grad=False)
-    return packed
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -319,46 +308,77 @@ class HeadConditioningGraph(nn.Module):
     """The diffusion head's part that sees only the timestep and the condition: every adaLN layer's modulation
     linear(act(cond_proj(condition) + timestep_proj(t))), then the final layer's, concatenated [N, (3L+2)·H].
     A frame's sampler runs it once for all its steps and both CFG rows, so these weights (a third of the head's)
-    are read once per frame instead of once per step."""
+    are read once per frame instead of once per step. Every layer applies the same activation to the same
+    condition, so their projections are one product (their weights stacked), which needs no Concat."""
 
     def __init__(self, head: nn.Module):
         super().__init__()  # only the modules it uses: the graph holds no weight it does not read
         self.cond_proj, self.timestep_embedding, self.timestep_proj = head.cond_proj, head.timestep_embedding, head.timestep_proj
-        self.activations = nn.ModuleList([*(layer.act_fn for layer in head.layers), head.final_layer.act_fn])
-        self.projections = nn.ModuleList([*(layer.linear for layer in head.layers), head.final_layer.linear_1])
+        activations = [*(layer.act_fn for layer in head.layers), head.final_layer.act_fn]
+        projections = [*(layer.linear for layer in head.layers), head.final_layer.linear_1]
+        stacked = _stacked(projections) if len({type(a) for a in activations}) == 1 else None
+        if stacked is not None:
+            self.activations, self.projections = nn.ModuleList(activations[:1]), nn.ModuleList([stacked])
+        else:
+            self.activations, self.projections = nn.ModuleList(activations), nn.ModuleList(projections)
 
     def forward(self, timesteps, condition):
         embedded = self.timestep_proj(self.timestep_embedding(timesteps).to(timesteps.dtype))
         condition = self.cond_proj(condition) + embedded
+        if len(self.activations) == 1:
+            return self.projections[0](self.activations[0](condition))
         return torch.cat([project(act(condition)) for act, project in zip(self.activations, self.projections)], dim=-1)
 
 
-def _modulated(layer: nn.Module, projection: str) -> nn.Module:
-    """A shallow view of an adaLN layer that takes its modulation ready-made: its activation and projection of
-    the condition become identities, so transformers' own forward applies a HeadConditioningGraph slice."""
-    view = copy.copy(layer)
-    view._modules = {**layer._modules, "act_fn": nn.Identity(), projection: nn.Identity()}
-    return view
+def _stacked(linears: list[nn.Module]) -> nn.Linear | None:
+    """Linears that read one input as one (their weights and biases stacked, in order), or None where they
+    cannot be: not all plain linears holding their weights (a BitNet's BitLinears, a skeleton's placeholders
+    whose weights stream from the shards), or some with a bias and some without."""
+    if not all(type(linear) is nn.Linear and not is_placeholder(linear.weight) for linear in linears):
+        return None
+    biased = {linear.bias is not None for linear in linears}
+    if len(biased) > 1:
+        return None
+    stacked = nn.Linear(linears[0].in_features, sum(linear.out_features for linear in linears), bias=biased.pop(),
+                        device="meta")
+    stacked.weight = nn.Parameter(torch.cat([linear.weight.detach() for linear in linears]), requires_grad=False)
+    if stacked.bias is not None:
+        stacked.bias = nn.Parameter(torch.cat([linear.bias.detach() for linear in linears]), requires_grad=False)
+    return stacked
+
+
+class _UnitRmsNorm(nn.Module):
+    """An RMSNorm without a learnt scale (the head's final layer), as rms_norm takes one: a scale of ones, so the
+    graph has the form onnxruntime fuses."""
+
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.variance_epsilon = eps
+        self.register_buffer("weight", torch.ones(hidden), persistent=False)
 
 
 class HeadStepGraph(nn.Module):
-    """The rest of the head, once per sampler step: the noisy latent through the adaLN layers (transformers'
-    forward), modulated by HeadConditioningGraph's output for this step's rows."""
+    """The rest of the head, once per sampler step: the noisy latent through the adaLN layers, modulated by
+    HeadConditioningGraph's output for this step's rows: transformers' layers written out with their norms in
+    the form onnxruntime fuses (7 operators each in transformers' form)."""
 
     def __init__(self, head: nn.Module):
-        super().__init__()
+        super().__init__()  # only the modules it uses: each layer's norm and MLP, the final projection
         self.noisy_images_proj = head.noisy_images_proj
-        self.layers = nn.ModuleList(_modulated(layer, "linear") for layer in head.layers)
-        self.final_layer = _modulated(head.final_layer, "linear_1")
+        self.norms = nn.ModuleList(layer.norm for layer in head.layers)
+        self.ffns = nn.ModuleList(layer.ffn for layer in head.layers)
         hidden = head.cond_proj.out_features
+        self.final_norm, self.output = _UnitRmsNorm(hidden, head.final_layer.rms_norm_eps), head.final_layer.linear_2
         self.widths = [3 * hidden] * len(head.layers) + [2 * hidden]
 
     def forward(self, noisy_latents, modulation):
         hidden = self.noisy_images_proj(noisy_latents)
         *per_layer, final = modulation.split(self.widths, dim=-1)
-        for layer, layer_modulation in zip(self.layers, per_layer):
-            hidden = layer(hidden, layer_modulation)
-        return self.final_layer(hidden, final)
+        for norm, ffn, layer_modulation in zip(self.norms, self.ffns, per_layer):
+            shift, scale, gate = layer_modulation.chunk(3, dim=-1)
+            hidden = hidden + gate * ffn(rms_norm(hidden, norm) * (1 + scale) + shift)
+        shift, scale = final.chunk(2, dim=-1)
+        return self.output(rms_norm(hidden, self.final_norm) * (1 + scale) + shift)
 
 
 def head_specs(head: nn.Module, h: HeadDims, generator: torch.Generator) -> list[GraphSpec]:
