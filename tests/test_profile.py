@@ -134,5 +134,31 @@ def test_bench_profile_prints_and_plots_a_row_per_graph_and_refuses_what_it_cann
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["bench", str(bundle), "--profile", "--streams", "2"]) == 2
     assert "bench --profile profiles one stream on the CPU" in capsys.readouterr().err
-    assert main(["bench", str(tiny_asr_bundle), "--profile", "--audio", "x.wav"]) == 2
-    assert "takes --streams, --frames (tokens) and --audio only" in capsys.readouterr().err
+    assert main(["bench", str(tiny_asr_bundle), "--decode-group", "3", "--audio", "x.wav"]) == 2
+    assert "takes --streams, --frames (tokens), --audio and --profile only" in capsys.readouterr().err
+    assert main(["bench", str(tiny_asr_bundle), "--profile", "--streams", "2", "--audio", "x.wav"]) == 2
+    assert "bench --profile profiles one stream on the CPU" in capsys.readouterr().err
+
+
+def test_bench_profile_of_an_asr_bundle_puts_its_graphs_against_their_floors_per_token(tiny_asr_bundle, tmp_path):
+    """A transcription's graphs per greedy token: the encoders run once for the recording, the LM once per token
+    (plus its prefill), and the head once per token; each against the weights it reads a token."""
+    import soundfile
+
+    from vibevoice_onnx.runtime.bench import format_report
+
+    bundle = copy_bundle(tiny_asr_bundle, tmp_path / "bundle")
+    clip = tmp_path / "clip.wav"
+    soundfile.write(clip, (0.3 * np.sin(np.arange(24000 * 3) * 0.01)).astype(np.float32), 24000)
+    tokens = 6
+    report = bench_json(bundle, "--frames", str(tokens), "--profile", "--audio", str(clip))
+    profile, timed = report["profile"], report["alone"]["graphs"]
+    assert set(profile["graphs"]) == set(timed) and "lm" in timed
+    for name, graph in profile["graphs"].items():
+        on_disk = sum(path.stat().st_size for path in bundle.glob(f"{name}.onnx*"))  # the graph and its data file
+        assert graph["calls_per_frame"] == pytest.approx(timed[name]["calls"] / tokens)
+        assert graph["weight_bytes_per_frame"] == pytest.approx(on_disk * timed[name]["calls"] / tokens)
+        assert graph["macs_per_frame"] > 0 and graph["floor_ms_per_frame"] > 0
+    assert profile["graphs"]["lm"]["calls_per_frame"] >= 1  # a call per token after the prefill
+    text = format_report(report)
+    assert "ms a token against a floor of" in text and all(f"  {name} " in text for name in profile["graphs"])

@@ -578,9 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "a child process (its own memory): a fixed-profile bundle against its dynamic sibling, say")
     p.add_argument("--cuda-graphs", action="store_true", help="a fixed-profile CUDA bundle: capture each graph "
                    "once as a CUDA graph and replay it every call (time it against a bench without this flag)")
-    p.add_argument("--profile", action="store_true", help="TTS bundles: each graph against its floors (the weights "
-                   "it reads at the measured bandwidth, its multiply-accumulates at the measured float32 and int8 "
-                   "rates) and the operators that take its time (onnxruntime's profiler, on a second run)")
+    p.add_argument("--profile", action="store_true", help="each graph against its floors, per latent (TTS) or token "
+                   "(ASR): the weights it reads at the measured bandwidth, its multiply-accumulates at the measured "
+                   "float32 and int8 rates, and the operators that take its time (onnxruntime's profiler, on a second run)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw when each latent's audio was ready and "
                    "what each latent cost along the run (needs matplotlib)")

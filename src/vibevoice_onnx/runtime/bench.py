@@ -329,9 +329,6 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
     """`streams` transcriptions at once, their greedy steps batched (stream k: recording k of `audio`, cycled,
     encoder means, exactly `tokens` greedy tokens whatever they are), and stream 0 alone before them, in this
     one process: tokens per second over the whole run and while decoding, each stream's first token."""
-    from ..audio import db_normalize, read_audio
-    from ..generation.asr import TranscriptionResult, audio_embeddings, transcribe_tokens
-    from ..transcription import prompt_builder
     from .asr import AsrBatch, OnnxAsrBackend
 
     if not audio:
@@ -339,14 +336,7 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
     bundle = Bundle(Path(bundle_dir), threads=threads)
     timings = bundle.time_calls()
     backend = OnnxAsrBackend(bundle)
-    clips = [db_normalize(read_audio(Path(path))[0]) for path in audio]
-
-    def transcription(k: int, loop_backend) -> Iterator[int]:  # lazily: a stream's time includes its encoders
-        samples = clips[k % len(clips)]
-        prompt = prompt_builder(bundle.kind)(bundle.tokenizer, len(samples))
-        embeddings = audio_embeddings(loop_backend, samples, None)
-        yield from transcribe_tokens(loop_backend, prompt, embeddings, set(), tokens, TranscriptionResult())
-
+    transcription = transcriptions(bundle, audio, tokens)
     next(transcription(0, backend))  # sessions warm
     runs = {}
     for count in dict.fromkeys((1, streams)):
@@ -370,6 +360,44 @@ def run_transcription_streams(bundle_dir: Path, tokens: int, streams: int, audio
             "decode_ratio": together["decode_tokens_per_second"] / alone["decode_tokens_per_second"],
             "throughput_ratio": together["tokens_per_second"] / alone["tokens_per_second"],
             "peak_memory_bytes": peak_memory_bytes()}
+
+
+def transcriptions(bundle: Bundle, audio: list[Path], tokens: int):
+    """transcription(k, backend): the token ids of recording k of `audio` (cycled), encoder means, exactly
+    `tokens` greedy tokens whatever they are, lazily (a stream's time includes its encoders)."""
+    from ..audio import db_normalize, read_audio
+    from ..generation.asr import TranscriptionResult, audio_embeddings, transcribe_tokens
+    from ..transcription import prompt_builder
+
+    clips = [db_normalize(read_audio(Path(path))[0]) for path in audio]
+
+    def transcription(k: int, loop_backend) -> Iterator[int]:
+        samples = clips[k % len(clips)]
+        prompt = prompt_builder(bundle.kind)(bundle.tokenizer, len(samples))
+        embeddings = audio_embeddings(loop_backend, samples, None)
+        yield from transcribe_tokens(loop_backend, prompt, embeddings, set(), tokens, TranscriptionResult())
+
+    return transcription
+
+
+def profile_transcription(bundle_dir: Path, report: dict, audio: list[Path], threads: int | None) -> dict:
+    """`run_transcription_streams`'s one-stream run against its floors, per token: the first recording
+    transcribed once more under onnxruntime's profiler (runtime.profile), each graph's weights read a token
+    at the measured bandwidth, its MACs at the measured rates."""
+    import tempfile
+
+    from .asr import OnnxAsrBackend
+    from .profile import floors, graph_profile, node_runs
+
+    tokens, peaks = report["tokens"], compute_peaks(threads)
+    with tempfile.TemporaryDirectory(prefix="vibevoice-profile-") as folder:
+        bundle = Bundle(Path(bundle_dir), threads=threads, profile_dir=Path(folder))
+        for _ in transcriptions(bundle, audio, tokens)(0, OnnxAsrBackend(bundle)):
+            pass
+        profiled = {name: graph_profile(node_runs(path), tokens, peaks) for name, path in bundle.end_profiling().items()}
+    timed = {"frames": tokens, "graphs": report["alone"]["graphs"],
+             "graph_weight_bytes": {name: bundle.weight_bytes(name) for name in bundle.info.graphs}}
+    return floors(timed, profiled, memory_bandwidth(threads), peaks)
 
 
 def batch_sizes(batch) -> dict:
@@ -441,9 +469,14 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     from .asr import ASR_KINDS
 
     if Bundle(Path(bundle_dir)).kind in ASR_KINDS:
-        if reference is not None or decode_group is not None or profile:
-            raise VibeVoiceError("bench of an ASR bundle takes --streams, --frames (tokens) and --audio only")
-        return run_transcription_streams(bundle_dir, frames, streams, list(audio or ()), threads)
+        if reference is not None or decode_group is not None or against is not None or cuda_graphs:
+            raise VibeVoiceError("bench of an ASR bundle takes --streams, --frames (tokens), --audio and --profile only")
+        if profile and streams > 1:
+            raise VibeVoiceError("bench --profile profiles one stream on the CPU; run it without --streams and --cuda-graphs")
+        report = run_transcription_streams(bundle_dir, frames, streams, list(audio or ()), threads)
+        if profile:
+            report["profile"] = profile_transcription(bundle_dir, report, list(audio), threads)
+        return report
     if audio:
         raise VibeVoiceError("--audio is for ASR bundles; a TTS bundle speaks its own bench text")
     options = {} if decode_group is None else {"decode_group": decode_group}
@@ -555,6 +588,10 @@ def format_transcription_report(report: dict) -> str:
     if report["streams"] > 1:
         lines.append(f"throughput    {report['throughput_ratio']:.2f}x that of one stream over the run, "
                      f"{report['decode_ratio']:.2f}x once all decode")
+    if "profile" in report:
+        from .profile import format_floors
+
+        lines += format_floors(report["profile"], "token")
     return "\n".join(lines)
 
 

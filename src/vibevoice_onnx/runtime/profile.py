@@ -121,12 +121,13 @@ def floors(runtime: dict, profiled: dict[str, dict], bandwidth: float, peaks: di
                     "profiled run is a separate, shorter run (the profiler slows each node)"}
 
 
-def format_floors(profile: dict) -> list[str]:
-    """The report's lines: a row per graph, slowest first, then each graph's costliest operators."""
+def format_floors(profile: dict, unit: str = "latent") -> list[str]:
+    """The report's lines: a row per graph, slowest first, then each graph's costliest operators; times are per
+    `unit` (a TTS run's latent, a transcription's token)."""
     lines = [f"floors        at {profile['bandwidth_bytes_per_second'] / 1e9:.1f} GB/s, "
              f"{profile['peak_macs_per_second']['float32'] / 1e9:.0f} GMAC/s float32, "
              f"{profile['peak_macs_per_second']['int8'] / 1e9:.0f} GMAC/s int8: the graphs take "
-             f"{profile['graphs_ms_per_frame']:.1f} ms a latent against a floor of {profile['floor_ms_per_frame']:.1f} "
+             f"{profile['graphs_ms_per_frame']:.1f} ms a {unit} against a floor of {profile['floor_ms_per_frame']:.1f} "
              f"({profile['times_floor']:.1f}x)",
              f"  {'graph':<28}{'ms':>8}{'floor':>8}{'x':>6}  {'bound':<10}{'GB/s':>7}{'GMAC/s':>8}{'MMAC':>9}{'calls':>7}"]
     ordered = sorted(profile["graphs"].items(), key=lambda item: -item[1]["ms_per_frame"])
