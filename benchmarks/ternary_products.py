@@ -1,0 +1,111 @@
+"""BitNet's ternary products on onnxruntime's MatMulNBits: exact in float32, and exact in int8 too once every
+block of inputs carries a 127.
+
+A BitLinear multiplies integer activations x_q (|x_q| <= 127, per token) by ternary weights; the bundles pack the
+weights as 4-bit MatMulNBits codes with scale 1 and compute in float32 (`accuracy_level` 1), which is exact. At
+`accuracy_level` 4 onnxruntime quantizes the activations to int8 block by block (scale = the block's max / 127) and
+runs its int8 kernels: fast, but a block whose largest |x_q| is under 127 is rescaled and rounded, so the sums are
+off. Putting a 127 at the head of every block of 128 inputs, with a weight row of zeros under it (127 real inputs
+a block, the last block padded with zeros), makes every block's scale exactly 1: the int8 codes are x_q itself and
+the sums are exact integers. This times one product of the ASR-BitNet LM's largest shape, one token, each way,
+and checks each against the exact sums over random token activations:
+
+    benchmarks/ternary_products.py [--threads 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from phases import header, run
+
+K, N, BLOCK, REAL = 1536, 8960, 128, 127  # the full-size BitNet LM's gate/up projection, one token
+
+
+def matmul_nbits(weight: np.ndarray, bits: int, accuracy_level: int) -> bytes:
+    """One MatMulNBits node holding `weight` (values -1, 0, 1) as `bits`-bit codes, scale 1, default zero point."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows, cols = weight.shape
+    per_byte, zero, blocks = 8 // bits, 2 ** (bits - 1), -(-rows // BLOCK)
+    codes = np.full((cols, blocks * BLOCK), zero, np.uint8)
+    codes[:, :rows] = (weight.T + zero).astype(np.uint8)
+    packed = np.zeros((cols, blocks * BLOCK // per_byte), np.uint8)
+    for j in range(per_byte):
+        packed |= (codes[:, j::per_byte] << (bits * j)).astype(np.uint8)
+    initializers = [numpy_helper.from_array(packed.reshape(cols, blocks, BLOCK * bits // 8), "codes"),
+                    numpy_helper.from_array(np.ones(cols * blocks, np.float32), "scales")]
+    node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft", K=rows, N=cols,
+                            bits=bits, block_size=BLOCK, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "ternary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", rows])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", cols])], initializers)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def with_127s(x: np.ndarray) -> np.ndarray:
+    """x [tokens, K] as [tokens, K'] with a 127 heading every block of BLOCK inputs (REAL real ones a block)."""
+    blocks = -(-x.shape[1] // REAL)
+    padded = np.zeros((x.shape[0], blocks * REAL), np.float32)
+    padded[:, : x.shape[1]] = x
+    heads = np.full((x.shape[0], blocks, 1), 127, np.float32)
+    return np.concatenate([heads, padded.reshape(-1, blocks, REAL)], axis=2).reshape(x.shape[0], blocks * BLOCK)
+
+
+def under_127s(weight: np.ndarray) -> np.ndarray:
+    """The weight rows matching with_127s: a row of zeros under each 127, zeros under the padding."""
+    blocks = -(-weight.shape[0] // REAL)
+    padded = np.zeros((blocks * REAL, weight.shape[1]), np.float32)
+    padded[: weight.shape[0]] = weight
+    return np.concatenate([np.zeros((blocks, 1, weight.shape[1]), np.float32),
+                           padded.reshape(blocks, REAL, -1)], axis=1).reshape(blocks * BLOCK, -1)
+
+
+def main() -> int:
+    import onnxruntime as ort
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    weight = rng.integers(-1, 2, size=(K, N)).astype(np.float32)
+    tokens = [np.clip(np.round(rng.standard_normal((1, K)) * 40), -127, 127).astype(np.float32) for _ in range(20)]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    forms = {"4-bit, float32 compute (the bundles)": (4, 1, False), "4-bit, int8 compute": (4, 4, False),
+             "2-bit, int8 compute": (2, 4, False), "4-bit, int8 compute, a 127 heading each block": (4, 4, True),
+             "2-bit, int8 compute, a 127 heading each block": (2, 4, True)}
+    runs = {}
+    for name, (bits, level, headed) in forms.items():
+        session = ort.InferenceSession(matmul_nbits(under_127s(weight) if headed else weight, bits, level), options,
+                                       providers=["CPUExecutionProvider"])
+        runs[name] = (session, [with_127s(x) if headed else x for x in tokens], [])
+    for k in range(args.repeats):  # interleaved, so every form sees the same machine
+        for session, feeds, times in runs.values():
+            start = time.perf_counter()
+            session.run(None, {"x": feeds[k % len(feeds)]})
+            times.append(time.perf_counter() - start)
+    rows = []
+    for (name, (bits, level, _)), (session, feeds, times) in zip(forms.items(), runs.values()):
+        error = max(float(np.abs(session.run(None, {"x": f})[0] - x.astype(np.float64) @ weight).max())
+                    for f, x in zip(feeds, tokens))
+        rows.append({"form": name, "bits": bits, "accuracy_level": level, "inputs": feeds[0].shape[1],
+                     "ms": round(statistics.median(times) * 1e3, 4), "max_abs_error": error})
+        print(json.dumps(rows[-1]), flush=True)
+    results = {**header(), "threads": args.threads, "shape": {"K": K, "N": N, "block": BLOCK}, "products": rows}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
