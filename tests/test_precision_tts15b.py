@@ -134,7 +134,7 @@ def test_bench_refuses_what_it_cannot_time(tiny_15b_bundle, tiny_asr_bundle, cap
     assert main(["bench", str(tiny_asr_bundle)]) == 2
     assert "give them with --audio FILE" in capsys.readouterr().err
     assert main(["bench", str(tiny_asr_bundle), "--decode-group", "3", "--audio", "x.wav"]) == 2
-    assert "takes --streams, --frames (tokens) and --audio only" in capsys.readouterr().err
+    assert "takes --streams, --frames (tokens), --audio and --profile only" in capsys.readouterr().err
 
 
 UPSTREAM_15B = SHARED / "fixtures" / "checkpoints" / "tts15b-upstream-tiny"
