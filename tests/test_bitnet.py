@@ -125,7 +125,8 @@ def test_the_reference_ternarizes_every_projection(tiny_bitnet):
 def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     """down_proj's full-size input width (8960: the longest sums, 127 · 8960 < 2**24; 96 of its outputs), latent weights of the
     released scale, tokens of other scales; the graph's output equals torch's bit for bit, and so does the graph
-    with its ternary weights packed as 4-bit MatMulNBits (what a bundle holds)."""
+    with its ternary weights packed as 4-bit MatMulNBits over inputs headed by 127s, computed in int8 (what a
+    bundle holds)."""
     import shutil
 
     import numpy as np
@@ -149,7 +150,7 @@ def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     packed.parent.mkdir()
     shutil.copyfile(path, packed)
     details = pack_ternary(packed, external_data=False)
-    assert details["matmuls"] == 1 and details["weight_bytes_after"] < details["weight_bytes_before"] / 7.5
+    assert details["matmuls"] == 1 and details["weight_bytes_after"] < details["weight_bytes_before"] / 7
     with torch.no_grad():
         expected = layer(x).numpy()
     for graph in (path, packed):
@@ -192,6 +193,7 @@ def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bit
     import onnx
     from onnx import helper, numpy_helper
 
+    from vibevoice_onnx.export.precision import TERNARY_SCHEME, headed_rows
     from vibevoice_onnx.reference.asr_bitnet import PROJECTIONS, load_asr_bitnet
 
     model = onnx.load(str(bitnet_bundle / "lm.onnx"))
@@ -200,14 +202,16 @@ def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bit
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            assert (attributes["bits"], attributes["accuracy_level"], len(node.input)) == (4, 1, 3)  # zero point: 8
+            assert (attributes["bits"], attributes["accuracy_level"], len(node.input)) == (4, 4, 3)  # zero point: 8
             packed.append(unpack_ternary(attributes, tensors, node.input[1].removesuffix("_Q4")))
     assert not [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in tensors]  # none left float
     layers = load_asr_bitnet(tiny_bitnet).parts.language_model.layers
-    codes = [layer.get_submodule(p).weight.detach().numpy().T for layer in layers for p in PROJECTIONS]
+    codes = [headed_rows(layer.get_submodule(p).weight.detach().numpy().T) for layer in layers for p in PROJECTIONS]
     assert len(packed) == len(codes) == 7 * len(layers)
     assert sorted(c.tobytes() for c in packed) == sorted((c + 0.0).tobytes() for c in codes)  # + 0.0: -0 is 0
-    assert "ternary: MatMulNBits 4-bit codes, scale 1, exact" in (bitnet_bundle / "manifest.json").read_text()
+    # one input headed by 127s a layer for q, k and v, one for o, one for gate and up, one for down
+    assert sum(n.op_type == "Pad" and n.input[2:] != [] for n in model.graph.node) == 4 * len(layers)
+    assert TERNARY_SCHEME in (bitnet_bundle / "manifest.json").read_text()
 
 
 # ---------------------------------------------------------------------------------------------------------------

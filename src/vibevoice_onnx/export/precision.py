@@ -324,7 +324,45 @@ def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict
 # would quantize the inputs again per block (measured on down_proj's shape: off by up to 64). 4 bits, not 2 or 8:
 # on 2 cores (onnxruntime 1.32, down_proj 8960 x 1536, one token) 4-bit ran in 1.8-3.7 ms against fp32's 4.3 ms,
 # 2-bit and 8-bit (no fast kernel at level 1) in 93-164 ms; all three exact.
-TERNARY = Scheme(bits=4, method="ternary", block_size=128, symmetric=False, accuracy_level=1)
+# BitNet's ternary products, packed as MatMulNBits codes with scale 1 and computed by onnxruntime's int8 kernels
+# (accuracy level 4), which quantize the inputs block by block with the block's largest |x| / 127 as the scale. The
+# inputs are a BitLinear's x_q, integers of magnitude at most 127 (x · 127 / max|x|, rounded), so a block whose
+# largest is 127 quantizes to itself; every block is made so: a 127 at its head, over a weight row of zeros, and
+# 127 real inputs after it (the last block padded with zeros). The int8 products and their int32 sums are then
+# the exact integers the float32 MatMul computes (below 2**24: 127 · 8960). One product of 1,536 × 8,960, one
+# token, 2 cores: 1.01 ms in float32 arithmetic (accuracy level 1), 0.32 ms so (benchmarks/ternary_products.py).
+TERNARY = Scheme(bits=4, method="ternary", block_size=128, symmetric=False, accuracy_level=4)
+INPUT_HEAD = 127.0  # heads each block of inputs; the block's other TERNARY.block_size - 1 inputs are real
+
+
+def headed_rows(weight: np.ndarray, block: int = TERNARY.block_size) -> np.ndarray:
+    """A weight [K, N] laid out for inputs headed by a 127 each block (headed_inputs): a row of zeros at the
+    head of every block of `block` rows, K's rows after them (block - 1 a block), zero rows padding the last."""
+    real = block - 1
+    blocks = -(-weight.shape[0] // real)
+    padded = np.zeros((blocks * real, weight.shape[1]), weight.dtype)
+    padded[: weight.shape[0]] = weight
+    heads = np.zeros((blocks, 1, weight.shape[1]), weight.dtype)
+    return np.concatenate([heads, padded.reshape(blocks, real, -1)], axis=1).reshape(blocks * block, -1)
+
+
+def headed_inputs(source: str, output: str, width: int, block: int = TERNARY.block_size):
+    """Nodes and constants that turn `source` [B, S, width] into `output` [B, S, blocks · block]: its inputs
+    (block - 1) a block, zero-padded, each block headed by a 127 (see TERNARY)."""
+    real = block - 1
+    blocks = -(-width // real)
+    constants = [(f"{source}_tail_pads", np.array([0, 0, 0, 0, 0, blocks * real - width], np.int64)),
+                 (f"{source}_blocks", np.array([0, 0, blocks, real], np.int64)),
+                 (f"{source}_head_pads", np.array([0, 0, 0, 1, 0, 0, 0, 0], np.int64)),
+                 (f"{source}_head", np.array(INPUT_HEAD, np.float32)),
+                 (f"{source}_headed_width", np.array([0, 0, blocks * block], np.int64))]
+    make = onnx.helper.make_node
+    nodes = [make("Pad", [source, f"{source}_tail_pads"], [f"{source}_padded"], name=f"{source}_pad"),
+             make("Reshape", [f"{source}_padded", f"{source}_blocks"], [f"{source}_in_blocks"], name=f"{source}_blocks"),
+             make("Pad", [f"{source}_in_blocks", f"{source}_head_pads", f"{source}_head"], [f"{source}_headed_blocks"],
+                  name=f"{source}_head"),
+             make("Reshape", [f"{source}_headed_blocks", f"{source}_headed_width"], [output], name=f"{source}_headed")]
+    return nodes, constants
 
 
 def ternary_matmul_nbits(weight: np.ndarray, name: str, scheme: Scheme = TERNARY) -> tuple[dict, list[tuple[str, np.ndarray]]]:
@@ -345,8 +383,9 @@ def ternary_matmul_nbits(weight: np.ndarray, name: str, scheme: Scheme = TERNARY
 
 def pack_ternary(path: Path, external_data: bool) -> dict:
     """Rewrite, in place, every MatMul of the graph at `path` whose constant weight holds only -1, 0 and 1 as
-    MatMulNBits (ternary_matmul_nbits): the same products, exactly, in 0.53 bytes a weight (4 bits and a 4-byte
-    scale a block of 128) instead of 4."""
+    MatMulNBits (ternary_matmul_nbits) over its input headed by 127s (headed_inputs, once per input that several
+    products read: q, k and v; gate and up): the same products, exactly, in int8 arithmetic, in 0.57 bytes a
+    weight (4 bits and a 4-byte scale a block of 128, one row in 128 the heads' zeros) instead of 4."""
     model = onnx.load(str(path))
     before = weight_bytes(model)
     weights = {t.name: t for t in model.graph.initializer}
@@ -354,17 +393,23 @@ def pack_ternary(path: Path, external_data: bool) -> dict:
     for node in model.graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-    nodes, packed = [], 0
+    nodes, packed, headed = [], 0, {}
     for node in model.graph.node:
         tensor = weights.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
         array = onnx.numpy_helper.to_array(tensor) if tensor is not None and len(tensor.dims) == 2 else None
         if array is None or uses[node.input[1]] != 1 or not np.isin(array, (-1.0, 0.0, 1.0)).all():
             nodes.append(node)
             continue
-        attributes, tensors = ternary_matmul_nbits(array, node.input[1])
+        source = node.input[0]
+        if source not in headed:
+            headed[source] = f"{source}_headed"
+            head_nodes, constants = headed_inputs(source, headed[source], array.shape[0])
+            nodes.extend(head_nodes)
+            model.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in constants)
+        attributes, tensors = ternary_matmul_nbits(headed_rows(array), node.input[1])
         model.graph.initializer.remove(tensor)
         model.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in tensors)
-        nodes.append(onnx.helper.make_node("MatMulNBits", [node.input[0], *(n for n, _ in tensors)], list(node.output),
+        nodes.append(onnx.helper.make_node("MatMulNBits", [headed[source], *(n for n, _ in tensors)], list(node.output),
                                            name=node.name + "_Q4", domain="com.microsoft", **attributes))
         packed += 1
     del model.graph.node[:]
@@ -372,8 +417,11 @@ def pack_ternary(path: Path, external_data: bool) -> dict:
     if packed and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     _save(model, path, external_data)
-    return {**TERNARY.describe(), "scheme": "ternary: MatMulNBits 4-bit codes, scale 1, exact", "matmuls": packed,
+    return {**TERNARY.describe(), "scheme": TERNARY_SCHEME, "matmuls": packed,
             "weight_bytes_before": before, "weight_bytes_after": weight_bytes(model)}
+
+
+TERNARY_SCHEME = "ternary: MatMulNBits 4-bit codes, scale 1, int8 arithmetic over inputs headed by 127s, exact"
 
 
 def _dynamic(model: onnx.ModelProto, path: Path, external_data: bool) -> onnx.ModelProto:
