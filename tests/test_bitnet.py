@@ -281,3 +281,24 @@ def test_build_verify_and_transcribe_end_to_end(bitnet_bundle, tiny_bitnet):
     result = Transcriber(bitnet_bundle).transcribe(audio, sample_rate=24000, max_new_tokens=6)
     assert len(result.tokens) == 6 and "stopped at the 6-token limit" in result.note
     assert result.segments == ([] if not result.text.strip() else [result.segments[0]])  # prose: one segment or none
+
+
+def test_int8_quantizes_the_head_and_the_encoders_and_keeps_the_lm_exact(tiny_bitnet, bitnet_bundle, tmp_path):
+    """int8: the tied head and both encoders as 8-bit MatMulNBits; the LM as fp32 has it (its ternary products are
+    exact either way: the same file); the bundle passes its gates."""
+    import onnx
+
+    from vibevoice_onnx.export.build import build_bundle
+    from vibevoice_onnx.export.precision import policy
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    bundle = build_bundle(tiny_bitnet, tmp_path, precision="int8")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert set(policy("asr-bitnet", "int8")) == {"lm_head", "acoustic_encoder_stream", "semantic_encoder_stream"}
+    for name in policy("asr-bitnet", "int8"):
+        nodes = onnx.load(str(bundle / f"{name}.onnx")).graph.node
+        assert manifest["graphs"][name]["precision"]["bits"] == 8 and any(n.op_type == "MatMulNBits" for n in nodes), name
+    assert manifest["graphs"]["lm"]["precision"]["method"] == "ternary"
+    assert (bundle / "lm.onnx").read_bytes() == (bitnet_bundle / "lm.onnx").read_bytes()
+    record = verify_bundle(bundle, tiny_bitnet, log=lambda _: None)
+    assert record["passed"], [g["name"] for g in record["gates"] if not g["passed"]]

@@ -202,7 +202,7 @@ def _convert_precision(kind: str, profile, precision: str, graphs: dict, tmp: Pa
         elif name in schemes:
             details = quantize_graph(path, schemes[name], external)
         else:
-            graph["precision"] = {"scheme": "fp32"}
+            graph.setdefault("precision", {"scheme": "fp32"})  # or what its export made it (BitNet's ternary LM)
             continue
         log(f"  {name}: {details['scheme']}, {details['weight_bytes_before'] / 1e6:.1f} -> "
             f"{details['weight_bytes_after'] / 1e6:.1f} MB")
