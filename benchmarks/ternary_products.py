@@ -1,14 +1,15 @@
 """BitNet's ternary products on onnxruntime's MatMulNBits: exact in float32, and exact in int8 too once every
 block of inputs carries a 127.
 
-A BitLinear multiplies integer activations x_q (|x_q| <= 127, per token) by ternary weights; the bundles pack the
-weights as 4-bit MatMulNBits codes with scale 1 and compute in float32 (`accuracy_level` 1), which is exact. At
+A BitLinear multiplies integer activations x_q (|x_q| <= 127, per token) by ternary weights, packed as 4-bit
+MatMulNBits codes with scale 1; in float32 (`accuracy_level` 1, the bundles until 2026-12-06) that is exact. At
 `accuracy_level` 4 onnxruntime quantizes the activations to int8 block by block (scale = the block's max / 127) and
 runs its int8 kernels: fast, but a block whose largest |x_q| is under 127 is rescaled and rounded, so the sums are
 off. Putting a 127 at the head of every block of 128 inputs, with a weight row of zeros under it (127 real inputs
 a block, the last block padded with zeros), makes every block's scale exactly 1: the int8 codes are x_q itself and
-the sums are exact integers. This times one product of the ASR-BitNet LM's largest shape, one token, each way,
-and checks each against the exact sums over random token activations:
+the sums are exact integers (the bundles since, export.precision.TERNARY). This times one product of the
+ASR-BitNet LM's largest shape, one token, each way, and checks each against the exact sums over random token
+activations:
 
     benchmarks/ternary_products.py [--threads 2] [--json FILE]
 """
@@ -50,7 +51,8 @@ def matmul_nbits(weight: np.ndarray, bits: int, accuracy_level: int) -> bytes:
 
 
 def with_127s(x: np.ndarray) -> np.ndarray:
-    """x [tokens, K] as [tokens, K'] with a 127 heading every block of BLOCK inputs (REAL real ones a block)."""
+    """x [tokens, K] as [tokens, K'] with a 127 heading every block of BLOCK inputs (REAL real ones a block): what
+    the graph's headed_inputs nodes compute, here for the inputs fed to one product."""
     blocks = -(-x.shape[1] // REAL)
     padded = np.zeros((x.shape[0], blocks * REAL), np.float32)
     padded[:, : x.shape[1]] = x
@@ -58,17 +60,10 @@ def with_127s(x: np.ndarray) -> np.ndarray:
     return np.concatenate([heads, padded.reshape(-1, blocks, REAL)], axis=2).reshape(x.shape[0], blocks * BLOCK)
 
 
-def under_127s(weight: np.ndarray) -> np.ndarray:
-    """The weight rows matching with_127s: a row of zeros under each 127, zeros under the padding."""
-    blocks = -(-weight.shape[0] // REAL)
-    padded = np.zeros((blocks * REAL, weight.shape[1]), np.float32)
-    padded[: weight.shape[0]] = weight
-    return np.concatenate([np.zeros((blocks, 1, weight.shape[1]), np.float32),
-                           padded.reshape(blocks, REAL, -1)], axis=1).reshape(blocks * BLOCK, -1)
-
-
 def main() -> int:
     import onnxruntime as ort
+
+    from vibevoice_onnx.export.precision import headed_rows
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -81,12 +76,12 @@ def main() -> int:
     tokens = [np.clip(np.round(rng.standard_normal((1, K)) * 40), -127, 127).astype(np.float32) for _ in range(20)]
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
-    forms = {"4-bit, float32 compute (the bundles)": (4, 1, False), "4-bit, int8 compute": (4, 4, False),
-             "2-bit, int8 compute": (2, 4, False), "4-bit, int8 compute, a 127 heading each block": (4, 4, True),
+    forms = {"4-bit, float32 compute": (4, 1, False), "4-bit, int8 compute": (4, 4, False),
+             "2-bit, int8 compute": (2, 4, False), "4-bit, int8 compute, a 127 heading each block (the bundles)": (4, 4, True),
              "2-bit, int8 compute, a 127 heading each block": (2, 4, True)}
     runs = {}
     for name, (bits, level, headed) in forms.items():
-        session = ort.InferenceSession(matmul_nbits(under_127s(weight) if headed else weight, bits, level), options,
+        session = ort.InferenceSession(matmul_nbits(headed_rows(weight, BLOCK) if headed else weight, bits, level), options,
                                        providers=["CPUExecutionProvider"])
         runs[name] = (session, [with_127s(x) if headed else x for x in tokens], [])
     for k in range(args.repeats):  # interleaved, so every form sees the same machine

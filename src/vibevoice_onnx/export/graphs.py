@@ -17,6 +17,7 @@ from torch import nn
 from torch.export import Dim
 
 from ..checkpoints.configs import HeadDims, QwenDims
+from ..reference.loading import is_placeholder
 from ..reference.modules import ConvState, UpstreamPadding, conv_state_specs
 
 OPSET = 18
@@ -77,11 +78,6 @@ def _translate_group_query_attention(query, key, value, past_key, past_value, se
 
 
 CUSTOM_TRANSLATIONS = {torch.ops.vibevoice.group_query_attention.default: _translate_group_query_attention}
-
-
-def is_placeholder(tensor: torch.Tensor) -> bool:
-    """A skeleton's stand-in for a weight left in the shards (reference.loading.placeholder): one value, broadcast."""
-    return tensor.numel() > 1 and all(stride == 0 for stride in tensor.stride())
 
 
 class LanguageModelGraph(nn.Module):

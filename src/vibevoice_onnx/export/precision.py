@@ -323,19 +323,18 @@ def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict
 
 
 # Ternary weights (ASR-BitNet's projections) packed exactly: MatMulNBits with 4-bit codes w + 8, onnxruntime's
-# default zero point 8 and scale 1.0 in every block, so its dequantized weight is exactly -1, 0 or 1. Accuracy level
-# 1 (fp32): onnxruntime multiplies in fp32, exact for integer-valued inputs (products and sums below 2**24); level 4
-# would quantize the inputs again per block (measured on down_proj's shape: off by up to 64). 4 bits, not 2 or 8:
-# on 2 cores (onnxruntime 1.32, down_proj 8960 x 1536, one token) 4-bit ran in 1.8-3.7 ms against fp32's 4.3 ms,
-# 2-bit and 8-bit (no fast kernel at level 1) in 93-164 ms; all three exact.
-# BitNet's ternary products, packed as MatMulNBits codes with scale 1 and computed by onnxruntime's int8 kernels
-# (accuracy level 4), which quantize the inputs block by block with the block's largest |x| / 127 as the scale. The
-# inputs are a BitLinear's x_q, integers of magnitude at most 127 (x · 127 / max|x|, rounded), so a block whose
-# largest is 127 quantizes to itself; every block is made so: a 127 at its head, over a weight row of zeros, and
-# 127 real inputs after it (the last block padded with zeros). The int8 products and their int32 sums are then
-# the exact integers the float32 MatMul computes (below 2**24: 127 · 8960). One product of 1,536 × 8,960, one
-# token, 2 cores: 1.01 ms in float32 arithmetic (accuracy level 1), 0.32 ms so (benchmarks/ternary_products.py).
+# default zero point 8 and scale 1.0 in every block, so its dequantized weight is exactly -1, 0 or 1, computed by
+# onnxruntime's int8 kernels (accuracy level 4), which quantize the inputs block by block with the block's largest
+# |x| / 127 as the scale. The inputs are a BitLinear's x_q, integers of magnitude at most 127 (x · 127 / max|x|,
+# rounded), so a block whose largest is 127 quantizes to itself; every block is made so: a 127 at its head, over a
+# weight row of zeros, and 127 real inputs after it (the last block padded with zeros). The int8 products and their
+# int32 sums are then the exact integers the float32 MatMul computes (below 2**24: 127 · 8960); without the heads,
+# level 4 is off by up to 64 (down_proj's shape). One product of 1,536 × 8,960, one token, 2 cores: 1.01 ms in
+# float32 arithmetic (accuracy level 1, exact too; the bundles' until 2026-12-06), 0.32 ms so
+# (benchmarks/ternary_products.py). 4 bits, not 2: onnxruntime's 2-bit kernel where its int8 path is missing (level
+# 1) takes 26 ms a product, 8-bit ones 93-164 ms.
 TERNARY = Scheme(bits=4, method="ternary", block_size=128, symmetric=False, accuracy_level=4)
+TERNARY_SCHEME = "ternary: MatMulNBits 4-bit codes, scale 1, int8 arithmetic over inputs headed by 127s, exact"
 INPUT_HEAD = 127.0  # heads each block of inputs; the block's other TERNARY.block_size - 1 inputs are real
 
 
@@ -423,9 +422,6 @@ def pack_ternary(path: Path, external_data: bool) -> dict:
     _save(model, path, external_data)
     return {**TERNARY.describe(), "scheme": TERNARY_SCHEME, "matmuls": packed,
             "weight_bytes_before": before, "weight_bytes_after": weight_bytes(model)}
-
-
-TERNARY_SCHEME = "ternary: MatMulNBits 4-bit codes, scale 1, int8 arithmetic over inputs headed by 127s, exact"
 
 
 def _dynamic(model: onnx.ModelProto, path: Path, external_data: bool) -> onnx.ModelProto:

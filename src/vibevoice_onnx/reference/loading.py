@@ -99,6 +99,11 @@ def placeholder(shape) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32).expand(*shape)
 
 
+def is_placeholder(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a placeholder: one value, broadcast (a real weight of more than one value never is)."""
+    return tensor.numel() > 1 and all(stride == 0 for stride in tensor.stride())
+
+
 def _assign(module: nn.Module, target: str, slot: torch.Tensor, value: torch.Tensor) -> None:
     if not slot.is_meta:
         slot.data = value

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -226,24 +226,34 @@ def run_runtime(bundle_dir: Path, frames: int, voice: str | None, threads: int |
 PROFILE_FRAMES = 48  # the profiled run's latents at most: the profiler records every node call
 
 
-def run_profiled(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict,
-                 peaks: dict[str, float]) -> dict[str, dict]:
-    """The same generation once more with onnxruntime's profiler on every session: per graph, its MACs per frame
-    and compute floor, and the operators and nodes that take its time (runtime.profile). The profiles are read
-    in a temporary folder and removed."""
+def profiled_graphs(bundle_dir: Path, threads: int | None, peaks: dict[str, float],
+                    run: Callable[[Bundle], int]) -> dict[str, dict]:
+    """`run(bundle)` (a generation or transcription, returning the latents or tokens it made) once more with
+    onnxruntime's profiler on every session: per graph and per unit made, its MACs and compute floor, and the
+    operators and nodes that take its time (runtime.profile). The profiles are read in a temporary folder and
+    removed."""
     import tempfile
 
     from .profile import graph_profile, node_runs
 
     with tempfile.TemporaryDirectory(prefix="vibevoice-profile-") as folder:
         bundle = Bundle(Path(bundle_dir), threads=threads, profile_dir=Path(folder))
+        units = run(bundle)
+        return {name: graph_profile(node_runs(path), units, peaks) for name, path in bundle.end_profiling().items()}
+
+
+def run_profiled(bundle_dir: Path, frames: int, voice: str, threads: int | None, options: dict,
+                 peaks: dict[str, float]) -> dict[str, dict]:
+    """The same generation once more under the profiler (profiled_graphs), per frame."""
+
+    def generate(bundle: Bundle) -> int:
         backend_class, bench_frames, _ = bench_kind(bundle.kind)
-        options = {**_defaults(bench_frames), **options}
         result = result_of(bundle.kind)
-        for _ in bench_frames(backend_class(bundle), bundle, voice, frames, result, **options):
+        for _ in bench_frames(backend_class(bundle), bundle, voice, frames, result, **{**_defaults(bench_frames), **options}):
             pass
-        return {name: graph_profile(node_runs(path), result.frames, peaks)
-                for name, path in bundle.end_profiling().items()}
+        return result.frames
+
+    return profiled_graphs(bundle_dir, threads, peaks, generate)
 
 
 def bench_voices(bundle: Bundle, voice: str | None) -> list[str]:
@@ -382,19 +392,20 @@ def transcriptions(bundle: Bundle, audio: list[Path], tokens: int):
 
 def profile_transcription(bundle_dir: Path, report: dict, audio: list[Path], threads: int | None) -> dict:
     """`run_transcription_streams`'s one-stream run against its floors, per token: the first recording
-    transcribed once more under onnxruntime's profiler (runtime.profile), each graph's weights read a token
-    at the measured bandwidth, its MACs at the measured rates."""
-    import tempfile
-
+    transcribed once more under the profiler (profiled_graphs), each graph's weights read a token at the
+    measured bandwidth, its MACs at the measured rates."""
     from .asr import OnnxAsrBackend
-    from .profile import floors, graph_profile, node_runs
+    from .profile import floors
 
     tokens, peaks = report["tokens"], compute_peaks(threads)
-    with tempfile.TemporaryDirectory(prefix="vibevoice-profile-") as folder:
-        bundle = Bundle(Path(bundle_dir), threads=threads, profile_dir=Path(folder))
+
+    def transcribe(bundle: Bundle) -> int:
         for _ in transcriptions(bundle, audio, tokens)(0, OnnxAsrBackend(bundle)):
             pass
-        profiled = {name: graph_profile(node_runs(path), tokens, peaks) for name, path in bundle.end_profiling().items()}
+        return tokens
+
+    profiled = profiled_graphs(bundle_dir, threads, peaks, transcribe)
+    bundle = Bundle(Path(bundle_dir))
     timed = {"frames": tokens, "graphs": report["alone"]["graphs"],
              "graph_weight_bytes": {name: bundle.weight_bytes(name) for name in bundle.info.graphs}}
     return floors(timed, profiled, memory_bandwidth(threads), peaks)
@@ -468,11 +479,11 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
         raise VibeVoiceError(f"bench needs at least 2 frames, got {frames}")
     from .asr import ASR_KINDS
 
+    if profile and (streams > 1 or cuda_graphs):
+        raise VibeVoiceError("bench --profile profiles one stream on the CPU; run it without --streams and --cuda-graphs")
     if Bundle(Path(bundle_dir)).kind in ASR_KINDS:
         if reference is not None or decode_group is not None or against is not None or cuda_graphs:
             raise VibeVoiceError("bench of an ASR bundle takes --streams, --frames (tokens), --audio and --profile only")
-        if profile and streams > 1:
-            raise VibeVoiceError("bench --profile profiles one stream on the CPU; run it without --streams and --cuda-graphs")
         report = run_transcription_streams(bundle_dir, frames, streams, list(audio or ()), threads)
         if profile:
             report["profile"] = profile_transcription(bundle_dir, report, list(audio), threads)
@@ -480,8 +491,6 @@ def bench(bundle_dir: Path, frames: int = 48, voice: str | None = None, referenc
     if audio:
         raise VibeVoiceError("--audio is for ASR bundles; a TTS bundle speaks its own bench text")
     options = {} if decode_group is None else {"decode_group": decode_group}
-    if profile and (streams > 1 or cuda_graphs):
-        raise VibeVoiceError("bench --profile profiles one stream on the CPU; run it without --streams and --cuda-graphs")
     if cuda_graphs and (streams > 1 or reference is not None or against is not None):
         raise VibeVoiceError("bench --cuda-graphs times one fixed-profile stream; run it without --streams, "
                              "--reference and --against (a second bench without --cuda-graphs compares)")
