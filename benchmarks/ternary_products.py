@@ -1,13 +1,14 @@
 """BitNet's ternary products on onnxruntime's MatMulNBits: exact in float32, and exact in int8 too once every
 block of inputs carries a 127.
 
-A BitLinear multiplies integer activations x_q (|x_q| <= 127, per token) by ternary weights, packed as 4-bit
-MatMulNBits codes with scale 1; in float32 (`accuracy_level` 1, the bundles until 2026-12-06) that is exact. At
+A BitLinear multiplies integer activations x_q (|x_q| <= 127, per token) by ternary weights, packed as MatMulNBits
+codes with scale 1; in float32 (`accuracy_level` 1, 4-bit codes: the bundles until 2026-12-06) that is exact. At
 `accuracy_level` 4 onnxruntime quantizes the activations to int8 block by block (scale = the block's max / 127) and
 runs its int8 kernels: fast, but a block whose largest |x_q| is under 127 is rescaled and rounded, so the sums are
 off. Putting a 127 at the head of every block of 128 inputs, with a weight row of zeros under it (127 real inputs
 a block, the last block padded with zeros), makes every block's scale exactly 1: the int8 codes are x_q itself and
-the sums are exact integers (the bundles since, export.precision.TERNARY). This times one product of the
+the sums are exact integers (the bundles since, at 4 bits, then at 2: export.precision.TERNARY). 2-bit codes
+need onnxruntime 1.28 or later: before it their int8 path is missing and a product takes 50-100 ms. This times one product of the
 ASR-BitNet LM's largest shape, one token, each way, and checks each against the exact sums over random token
 activations:
 
@@ -30,22 +31,20 @@ K, N, BLOCK, REAL = 1536, 8960, 128, 127  # the full-size BitNet LM's gate/up pr
 
 
 def matmul_nbits(weight: np.ndarray, bits: int, accuracy_level: int) -> bytes:
-    """One MatMulNBits node holding `weight` (values -1, 0, 1) as `bits`-bit codes, scale 1, default zero point."""
+    """One MatMulNBits node holding `weight` (values -1, 0, 1) as the bundles pack it (precision.ternary_matmul_nbits),
+    at `bits` bits and `accuracy_level`."""
+    import dataclasses
+
     from onnx import TensorProto, helper, numpy_helper
 
-    rows, cols = weight.shape
-    per_byte, zero, blocks = 8 // bits, 2 ** (bits - 1), -(-rows // BLOCK)
-    codes = np.full((cols, blocks * BLOCK), zero, np.uint8)
-    codes[:, :rows] = (weight.T + zero).astype(np.uint8)
-    packed = np.zeros((cols, blocks * BLOCK // per_byte), np.uint8)
-    for j in range(per_byte):
-        packed |= (codes[:, j::per_byte] << (bits * j)).astype(np.uint8)
-    initializers = [numpy_helper.from_array(packed.reshape(cols, blocks, BLOCK * bits // 8), "codes"),
-                    numpy_helper.from_array(np.ones(cols * blocks, np.float32), "scales")]
-    node = helper.make_node("MatMulNBits", ["x", "codes", "scales"], ["y"], domain="com.microsoft", K=rows, N=cols,
-                            bits=bits, block_size=BLOCK, accuracy_level=accuracy_level)
-    graph = helper.make_graph([node], "ternary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", rows])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", cols])], initializers)
+    from vibevoice_onnx.export.precision import TERNARY, ternary_matmul_nbits
+
+    scheme = dataclasses.replace(TERNARY, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level)
+    attributes, tensors = ternary_matmul_nbits(weight, "w", scheme)
+    node = helper.make_node("MatMulNBits", ["x", *(n for n, _ in tensors)], ["y"], domain="com.microsoft", **attributes)
+    graph = helper.make_graph([node], "ternary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", attributes["K"]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", N])],
+                              [numpy_helper.from_array(a, n) for n, a in tensors])
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets).SerializeToString()
 
@@ -77,8 +76,8 @@ def main() -> int:
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     forms = {"4-bit, float32 compute": (4, 1, False), "4-bit, int8 compute": (4, 4, False),
-             "2-bit, int8 compute": (2, 4, False), "4-bit, int8 compute, a 127 heading each block (the bundles)": (4, 4, True),
-             "2-bit, int8 compute, a 127 heading each block": (2, 4, True)}
+             "2-bit, int8 compute": (2, 4, False), "4-bit, int8 compute, a 127 heading each block": (4, 4, True),
+             "2-bit, int8 compute, a 127 heading each block (the bundles)": (2, 4, True)}
     runs = {}
     for name, (bits, level, headed) in forms.items():
         session = ort.InferenceSession(matmul_nbits(headed_rows(weight, BLOCK) if headed else weight, bits, level), options,

@@ -125,7 +125,7 @@ def test_the_reference_ternarizes_every_projection(tiny_bitnet):
 def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     """down_proj's full-size input width (8960: the longest sums, 127 · 8960 < 2**24; 96 of its outputs), latent weights of the
     released scale, tokens of other scales; the graph's output equals torch's bit for bit, and so does the graph
-    with its ternary weights packed as 4-bit MatMulNBits over inputs headed by 127s, computed in int8 (what a
+    with its ternary weights packed as 2-bit MatMulNBits over inputs headed by 127s, computed in int8 (what a
     bundle holds)."""
     import shutil
 
@@ -150,7 +150,7 @@ def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     packed.parent.mkdir()
     shutil.copyfile(path, packed)
     details = pack_ternary(packed, external_data=False)
-    assert details["matmuls"] == 1 and details["weight_bytes_after"] < details["weight_bytes_before"] / 7
+    assert details["matmuls"] == 1 and details["weight_bytes_after"] < details["weight_bytes_before"] / 12
     with torch.no_grad():
         expected = layer(x).numpy()
     for graph in (path, packed):
@@ -166,26 +166,31 @@ def test_a_bitlinear_graph_equals_the_reference_bit_for_bit(tmp_path):
     assert np.abs(expected * (a * float(layer.weight_scale)) - exact).max() / np.abs(exact).max() < 1e-6
 
 
-def test_ternary_packing_round_trips_odd_shapes():
+@pytest.mark.parametrize("bits", [2, 4])
+def test_ternary_packing_round_trips_odd_shapes(bits):
+    import dataclasses
+
     import numpy as np
 
-    from vibevoice_onnx.export.precision import ternary_matmul_nbits
+    from vibevoice_onnx.export.precision import TERNARY, ternary_matmul_nbits
 
     weight = np.random.default_rng(1).integers(-1, 2, (200, 6)).astype(np.float32)  # K not a multiple of the block
-    attributes, tensors = ternary_matmul_nbits(weight, "w")
+    attributes, tensors = ternary_matmul_nbits(weight, "w", dataclasses.replace(TERNARY, bits=bits))
     assert unpack_ternary(attributes, dict(tensors), "w").tobytes() == weight.tobytes()
     with pytest.raises(Exception, match="not a ternary weight"):
         ternary_matmul_nbits(weight * 0.5, "w")
 
 
 def unpack_ternary(attributes: dict, tensors: dict, name: str):
-    """The [K, N] weight a ternary MatMulNBits node's tensors hold: (code - 8) · scale, codes two to a byte."""
+    """The [K, N] weight a ternary MatMulNBits node's tensors hold: (code - 2 ** (bits - 1)) · scale, 8 // bits
+    codes a byte from the low bits up."""
     import numpy as np
 
-    packed, scales = tensors[f"{name}_Q4"], tensors[f"{name}_scales"]
+    bits = attributes["bits"]
+    packed, scales = tensors[f"{name}_Q{bits}"], tensors[f"{name}_scales"]
     n, blocks = packed.shape[:2]
-    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, blocks, -1)
-    values = (codes.astype(np.float32) - 8) * scales.reshape(n, blocks, 1)
+    codes = np.stack([(packed >> (bits * j)) & (2**bits - 1) for j in range(8 // bits)], axis=-1).reshape(n, blocks, -1)
+    values = (codes.astype(np.float32) - 2 ** (bits - 1)) * scales.reshape(n, blocks, 1)
     return np.ascontiguousarray(values.reshape(n, -1)[:, :attributes["K"]].T)
 
 
@@ -202,8 +207,8 @@ def test_the_lm_graph_holds_exactly_the_reference_ternary_codes(tiny_bitnet, bit
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            assert (attributes["bits"], attributes["accuracy_level"], len(node.input)) == (4, 4, 3)  # zero point: 8
-            packed.append(unpack_ternary(attributes, tensors, node.input[1].removesuffix("_Q4")))
+            assert (attributes["bits"], attributes["accuracy_level"], len(node.input)) == (2, 4, 3)  # zero point: 2
+            packed.append(unpack_ternary(attributes, tensors, node.input[1].removesuffix("_Q2")))
     assert not [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in tensors]  # none left float
     layers = load_asr_bitnet(tiny_bitnet).parts.language_model.layers
     codes = [headed_rows(layer.get_submodule(p).weight.detach().numpy().T) for layer in layers for p in PROJECTIONS]
@@ -284,8 +289,8 @@ def test_build_verify_and_transcribe_end_to_end(bitnet_bundle, tiny_bitnet):
 
 
 def test_int8_quantizes_the_head_and_the_encoders_and_keeps_the_lm_exact(tiny_bitnet, bitnet_bundle, tmp_path):
-    """int8: the tied head and both encoders as 8-bit MatMulNBits; the LM as fp32 has it (its ternary products are
-    exact either way: the same file); the bundle passes its gates."""
+    """int8: the tied head as 8-bit MatMulNBits, both encoders in dynamic int8 (MatMulInteger); the LM as fp32 has
+    it (its ternary products are exact either way: the same file); the bundle passes its gates."""
     import onnx
 
     from vibevoice_onnx.export.build import build_bundle
@@ -294,10 +299,11 @@ def test_int8_quantizes_the_head_and_the_encoders_and_keeps_the_lm_exact(tiny_bi
 
     bundle = build_bundle(tiny_bitnet, tmp_path, precision="int8")
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert set(policy("asr-bitnet", "int8")) == {"lm_head", "acoustic_encoder_stream", "semantic_encoder_stream"}
-    for name in policy("asr-bitnet", "int8"):
+    products = {"lm_head": "MatMulNBits", "acoustic_encoder_stream": "MatMulInteger", "semantic_encoder_stream": "MatMulInteger"}
+    assert set(policy("asr-bitnet", "int8")) == set(products)
+    for name, product in products.items():
         nodes = onnx.load(str(bundle / f"{name}.onnx")).graph.node
-        assert manifest["graphs"][name]["precision"]["bits"] == 8 and any(n.op_type == "MatMulNBits" for n in nodes), name
+        assert manifest["graphs"][name]["precision"]["bits"] == 8 and any(n.op_type == product for n in nodes), name
     assert manifest["graphs"]["lm"]["precision"]["method"] == "ternary"
     assert (bundle / "lm.onnx").read_bytes() == (bitnet_bundle / "lm.onnx").read_bytes()
     record = verify_bundle(bundle, tiny_bitnet, log=lambda _: None)

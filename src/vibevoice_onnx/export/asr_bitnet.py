@@ -7,8 +7,8 @@ as the reference's BitLinear traced with standard ops:
 
 Every product and partial sum of the MatMul is an integer below 2**24 (127 · 8960 at full size), so fp32
 accumulation is exact in any order and the graph reproduces the integer arithmetic bit for bit. The LM graph's
-ternary MatMuls are then packed as 4-bit MatMulNBits with scale 1 (precision.pack_ternary): the same products
-exactly, in an eighth of the bytes. The model is 1.5B parameters (11 GB in fp32): loaded whole, no weights
+ternary MatMuls are then packed as 2-bit MatMulNBits with scale 1 (precision.pack_ternary): the same products
+exactly, in a twelfth of the bytes. The model is 1.5B parameters (11 GB in fp32): loaded whole, no weights
 streamed from the shards.
 """
 

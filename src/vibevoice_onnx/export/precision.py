@@ -207,9 +207,13 @@ _STREAMING_8BIT = {"lm_head": INT8_WIDE, "acoustic_encoder_stream": INT8_WIDE, "
 STREAMING_ASR_POLICY = {"int8": {"lm": INT8_WIDE, **_STREAMING_8BIT}, "int4": {"lm": INT4, **_STREAMING_8BIT},
                         "int4-mixed": {"lm": ASR_POLICY["int4-mixed"]["lm"], **_STREAMING_8BIT}}
 # ASR-BitNet: its LM's ternary products are exact at every precision (packed as it is exported, export.asr_bitnet);
-# int8 takes what else a transcription reads, as ASR-Streaming's 1.5B does: the tied head (933 MB a token in fp32
-# at full size: 29 ms of a 110 ms token) and both encoders, in blocks of 128.
-BITNET_POLICY = {"int8": dict(_STREAMING_8BIT)}
+# int8 takes what else a transcription reads: the tied head (933 MB a token in fp32 at full size: 29 ms of a 110 ms
+# token) in blocks of 128, and both encoders in dynamic int8, their FFN products over many frames compute-bound,
+# where onnxruntime's int8 GEMM beats MatMulNBits: one full-size acoustic encoder, 12 s of audio in pieces of 10
+# frames, 2 cores of an Intel Xeon (AVX-512 VNNI, AMX): fp32 2.11 s, MatMulNBits int8 2.36 s, dynamic int8 1.26 s;
+# one piece's latents against fp32, cosine 0.99992 and 0.99971 (scratch timing; verify gates the bundle).
+BITNET_POLICY = {"int8": {"lm_head": INT8_WIDE, "acoustic_encoder_stream": DYNAMIC_INT8,
+                          "semantic_encoder_stream": DYNAMIC_INT8}}
 # The fixed-shape realtime profile: its graphs, the same schemes as the default profile's for the same weights.
 REALTIME_FIXED_POLICY = {"int8": {"lower_lm_text": INT8_WIDE, "upper_lm_text": INT8_WIDE, "upper_lm_step": INT8_WIDE,
                                   "diffusion_head": INT8_WIDE, "acoustic_decoder_tile": DYNAMIC_INT8}}
@@ -322,19 +326,20 @@ def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict
     return attributes, tensors
 
 
-# Ternary weights (ASR-BitNet's projections) packed exactly: MatMulNBits with 4-bit codes w + 8, onnxruntime's
-# default zero point 8 and scale 1.0 in every block, so its dequantized weight is exactly -1, 0 or 1, computed by
+# Ternary weights (ASR-BitNet's projections) packed exactly: MatMulNBits with 2-bit codes w + 2, onnxruntime's
+# default zero point 2 and scale 1.0 in every block, so its dequantized weight is exactly -1, 0 or 1, computed by
 # onnxruntime's int8 kernels (accuracy level 4), which quantize the inputs block by block with the block's largest
 # |x| / 127 as the scale. The inputs are a BitLinear's x_q, integers of magnitude at most 127 (x · 127 / max|x|,
 # rounded), so a block whose largest is 127 quantizes to itself; every block is made so: a 127 at its head, over a
 # weight row of zeros, and 127 real inputs after it (the last block padded with zeros). The int8 products and their
 # int32 sums are then the exact integers the float32 MatMul computes (below 2**24: 127 · 8960); without the heads,
-# level 4 is off by up to 64 (down_proj's shape). One product of 1,536 × 8,960, one token, 2 cores: 1.01 ms in
-# float32 arithmetic (accuracy level 1, exact too; the bundles' until 2026-12-06), 0.32 ms so
-# (benchmarks/ternary_products.py). 4 bits, not 2: onnxruntime's 2-bit kernel where its int8 path is missing (level
-# 1) takes 26 ms a product, 8-bit ones 93-164 ms.
-TERNARY = Scheme(bits=4, method="ternary", block_size=128, symmetric=False, accuracy_level=4)
-TERNARY_SCHEME = "ternary: MatMulNBits 4-bit codes, scale 1, int8 arithmetic over inputs headed by 127s, exact"
+# level 4 is off by up to 64 (down_proj's shape). The full-size LM's step, one row at 300 positions, 2 cores: 82.7 ms
+# with 4-bit codes in float32 arithmetic (accuracy level 1, exact too; the bundles until 2026-12-06), 44.5 ms with
+# 4-bit codes in int8, 36.2 ms with 2-bit ones (774 -> 426 MB read a token; the outputs identical), Microsoft's I2_S
+# kernels 25.4 ms. onnxruntime's int8 path for 2-bit codes arrived in 1.28 (before it, 53-98 ms a product of
+# 1,536 x 8,960 against 0.29: benchmarks/ternary_products.py), hence the runtime's requirement.
+TERNARY = Scheme(bits=2, method="ternary", block_size=128, symmetric=False, accuracy_level=4)
+TERNARY_SCHEME = "ternary: MatMulNBits 2-bit codes, scale 1, int8 arithmetic over inputs headed by 127s, exact"
 INPUT_HEAD = 127.0  # heads each block of inputs; the block's other TERNARY.block_size - 1 inputs are real
 
 
@@ -369,26 +374,29 @@ def headed_inputs(source: str, output: str, width: int, block: int = TERNARY.blo
 
 
 def ternary_matmul_nbits(weight: np.ndarray, name: str, scheme: Scheme = TERNARY) -> tuple[dict, list[tuple[str, np.ndarray]]]:
-    """A MatMul weight [K, N] holding only -1, 0 and 1 as one MatMulNBits node's attributes and tensors (4-bit
-    codes, two to a byte, the first in the low bits; scales 1.0; no zero points: the default 8), whose dequantized
-    weight is the weight exactly."""
+    """A MatMul weight [K, N] holding only -1, 0 and 1 as one MatMulNBits node's attributes and tensors
+    (`scheme.bits`-bit codes w + the default zero point 2 ** (bits - 1), packed from the low bits of each byte up;
+    scales 1.0; no zero points), whose dequantized weight is the weight exactly."""
     if not np.isin(weight, (-1.0, 0.0, 1.0)).all():
         raise VibeVoiceError(f"{name}: holds values other than -1, 0 and 1, so it is not a ternary weight")
     rows, cols = weight.shape
-    block = scheme.block_size
-    blocks = -(-rows // block)
-    codes = np.full((cols, blocks * block), 8, np.uint8)  # padding rows: code 8, the value 0
-    codes[:, :rows] = (weight.T + 8).astype(np.uint8)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8).reshape(cols, blocks, block // 2)
-    attributes = {"K": rows, "N": cols, "bits": scheme.bits, "block_size": block, "accuracy_level": scheme.accuracy_level}
-    return attributes, [(f"{name}_Q4", packed), (f"{name}_scales", np.ones(cols * blocks, np.float32))]
+    bits, block = scheme.bits, scheme.block_size
+    zero, per_byte, blocks = 2 ** (bits - 1), 8 // bits, -(-rows // block)
+    codes = np.full((cols, blocks * block), zero, np.uint8)  # padding rows: the zero point, the value 0
+    codes[:, :rows] = (weight.T + zero).astype(np.uint8)
+    packed = np.zeros((cols, blocks * block // per_byte), np.uint8)
+    for j in range(per_byte):
+        packed |= codes[:, j::per_byte] << (bits * j)
+    attributes = {"K": rows, "N": cols, "bits": bits, "block_size": block, "accuracy_level": scheme.accuracy_level}
+    return attributes, [(f"{name}_Q{bits}", packed.reshape(cols, blocks, block * bits // 8)),
+                        (f"{name}_scales", np.ones(cols * blocks, np.float32))]
 
 
-def pack_ternary(path: Path, external_data: bool) -> dict:
+def pack_ternary(path: Path, external_data: bool, scheme: Scheme = TERNARY) -> dict:
     """Rewrite, in place, every MatMul of the graph at `path` whose constant weight holds only -1, 0 and 1 as
     MatMulNBits (ternary_matmul_nbits) over its input headed by 127s (headed_inputs, once per input that several
-    products read: q, k and v; gate and up): the same products, exactly, in int8 arithmetic, in 0.57 bytes a
-    weight (4 bits and a 4-byte scale a block of 128, one row in 128 the heads' zeros) instead of 4."""
+    products read: q, k and v; gate and up): the same products, exactly, in int8 arithmetic, in 0.32 bytes a
+    weight (2 bits and a 4-byte scale a block of 128, one row in 128 the heads' zeros) instead of 4."""
     model = onnx.load(str(path))
     before = weight_bytes(model)
     weights = {t.name: t for t in model.graph.initializer}
@@ -406,21 +414,21 @@ def pack_ternary(path: Path, external_data: bool) -> dict:
         source = node.input[0]
         if source not in headed:
             headed[source] = f"{source}_headed"
-            head_nodes, constants = headed_inputs(source, headed[source], array.shape[0])
+            head_nodes, constants = headed_inputs(source, headed[source], array.shape[0], scheme.block_size)
             nodes.extend(head_nodes)
             model.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in constants)
-        attributes, tensors = ternary_matmul_nbits(headed_rows(array), node.input[1])
+        attributes, tensors = ternary_matmul_nbits(headed_rows(array, scheme.block_size), node.input[1], scheme)
         model.graph.initializer.remove(tensor)
         model.graph.initializer.extend(onnx.numpy_helper.from_array(a, n) for n, a in tensors)
         nodes.append(onnx.helper.make_node("MatMulNBits", [headed[source], *(n for n, _ in tensors)], list(node.output),
-                                           name=node.name + "_Q4", domain="com.microsoft", **attributes))
+                                           name=f"{node.name}_Q{scheme.bits}", domain="com.microsoft", **attributes))
         packed += 1
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     if packed and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     _save(model, path, external_data)
-    return {**TERNARY.describe(), "scheme": TERNARY_SCHEME, "matmuls": packed,
+    return {**scheme.describe(), "scheme": TERNARY_SCHEME, "matmuls": packed,
             "weight_bytes_before": before, "weight_bytes_after": weight_bytes(model)}
 
 

@@ -33,8 +33,10 @@ ENCODERS = ("acoustic_encoder_stream", "semantic_encoder_stream")
 # on it (verify gates it). One call on a 60 s segment held ~5.7 GB of activations per encoder in onnxruntime's
 # arena (full-size synthetic int8 bundle, 2 cores: 14.2 GB peak for the two encoders and their 2.8 GB of
 # weights); in pieces of 4 s, 3.6 GB, and faster: 0.32 s per second of audio against 0.43 (cache-sized
-# activations). A whole number of frames, so that only the recording's last piece is padded.
-PIECE_FRAMES = 30
+# activations). In pieces of 1.33 s, at the same speed, half the activations again (one full-size acoustic encoder
+# over 12 s, 2 cores: 0.52-0.67 GB grown against 0.31-0.34 in fp32, 8-bit and dynamic int8; scratch timing).
+# A whole number of frames, so that only the recording's last piece is padded.
+PIECE_FRAMES = 10
 
 
 class OnnxAsrBackend:
