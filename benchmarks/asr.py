@@ -27,7 +27,7 @@ import json, sys, time
 from pathlib import Path
 from vibevoice_onnx.audio import db_normalize, read_audio
 from vibevoice_onnx.generation.asr import audio_embeddings, forced_logits, greedy_agreement, transcribe_tokens, TranscriptionResult
-from vibevoice_onnx.transcription import build_asr_prompt
+from vibevoice_onnx.transcription import prompt_builder
 from vibevoice_onnx.runtime.bundle import Bundle
 side, bundle_dir, checkpoint, audio, tokens, threads, compare_with = sys.argv[1:]
 bundle = Bundle(Path(bundle_dir), threads=int(threads))  # sessions open only when the runtime side asks
@@ -40,7 +40,7 @@ if side == "reference":
 else:
     from vibevoice_onnx.runtime.asr import OnnxAsrBackend
     backend = OnnxAsrBackend(bundle)
-prompt = build_asr_prompt(bundle.tokenizer, len(samples), None)
+prompt = prompt_builder(bundle.kind)(bundle.tokenizer, len(samples), None)  # ASR's JSON prompt, BitNet's plain text
 start = time.perf_counter()
 embeddings = audio_embeddings(backend, samples, None)
 encoded = time.perf_counter()

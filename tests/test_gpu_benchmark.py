@@ -124,3 +124,24 @@ def test_cpu_smoke_runs_one_item_offline(tiny_checkpoints, tiny_preset, tiny_bun
     finally:
         sys.path.remove(str(REPO))
     assert "realtime-tiny cpu_fp32 bench x2" in render(out.name, record)
+
+
+def test_thread_scaling_runs_each_count_it_can_and_skips_the_rest(tiny_bundle, tmp_path):
+    """benchmarks/threads.py (the thread counts of the performance issue, beside the GPU run): the tiny bundle at
+    1 and 2 threads, one round; a count above this machine's cores is skipped and named, not run."""
+    bundle = copy_bundle(tiny_bundle, tmp_path / "bundle")  # bench records into the bundle's manifest
+    out = tmp_path / "threads.json"
+    cores = len(os.sched_getaffinity(0))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "threads.py"), str(bundle), "--threads",
+                           f"1,2,{cores + 1}", "--frames", "4", "--rounds", "1", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["skipped_thread_counts"] == [cores + 1] and record["cores"] == cores
+    runnable = [n for n in (1, 2) if n <= cores]
+    assert list(record["threads"]) == [str(n) for n in runnable]
+    for n in runnable:
+        measured = record["threads"][str(n)]
+        assert measured["real_time_factor"]["median"] > 0 and len(measured["real_time_factor"]["rounds"]) == 1
+        assert measured["peak_memory_bytes"]["median"] > 1e7 and "upper_lm" in measured["graphs_ms_per_frame"]
