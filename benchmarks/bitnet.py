@@ -63,12 +63,19 @@ def theirs(args, work: Path, checkpoint: Path, results: dict) -> None:
 
 
 def convert(tool: Path, gguf: Path, checkpoint: Path, vae: Path, lm: Path, results: dict, work: Path) -> None:
-    """Their scripts write F32 GGUF files beside the weights: into a folder of links, not the checkpoint."""
+    """Their scripts write F32 GGUF files beside the weights, and their LM converter rewrites config.json and moves
+    the shards while it runs: so they work in a folder of their own, links to the shards, copies of the rest."""
+    import shutil
+
     gguf.mkdir(exist_ok=True)
     for source in checkpoint.iterdir():
         target = gguf / source.name
-        if not target.exists():
+        if target.exists() or target.is_symlink():
+            continue
+        if source.suffix == ".safetensors":
             target.symlink_to(source.resolve())
+        else:
+            shutil.copy(source, target)
     python = os.environ.get("VIBEASR_PYTHON", sys.executable)
     run_phase("vibeasr_convert_lm", [python, str(tool / "utils" / "convert_lm_to_gguf.py"), str(gguf)], results, work)
     run_phase("vibeasr_convert_vae", [python, str(tool / "utils" / "convert_vae_to_gguf.py"), str(gguf)], results, work)
