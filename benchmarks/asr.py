@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from phases import CLI, header, run, run_phase
+from phases import CLI, run, run_phase, write_results
 
 SPEECH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "audio" / "demo3-hotwords.wav"
 
@@ -30,6 +30,9 @@ from vibevoice_onnx.generation.asr import audio_embeddings, forced_logits, greed
 from vibevoice_onnx.transcription import prompt_builder
 from vibevoice_onnx.runtime.bundle import Bundle
 side, bundle_dir, checkpoint, audio, tokens, threads, compare_with = sys.argv[1:]
+if side == "runtime":  # one spinning pool for every session, as the command line runs them
+    from vibevoice_onnx.runtime.bundle import share_threads
+    share_threads(int(threads))
 bundle = Bundle(Path(bundle_dir), threads=int(threads))  # sessions open only when the runtime side asks
 samples = db_normalize(read_audio(Path(audio))[0])
 if side == "reference":
@@ -100,10 +103,7 @@ def main() -> int:
         proc = run_phase("transcribe_pytorch_reference", loop, results, work)
         if proc.returncode == 0:
             results["transcribe_pytorch_reference"].update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    results = {**header(), **results}
-    (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
-    return 0
+    return write_results(results, work)
 
 
 if __name__ == "__main__":

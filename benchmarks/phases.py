@@ -72,6 +72,14 @@ def save(results: dict, args: argparse.Namespace) -> int:
     return 0
 
 
+def write_results(results: dict, work: Path) -> int:
+    """WORKDIR/results.json: the header (date, CPU, commit, command), then `results`; printed too."""
+    results = {**header(), **results}
+    (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    return 0
+
+
 def header() -> dict:
     """What makes a results file readable on its own (docs/benchmarks.md renders benchmarks/results/*.json): the
     date, this machine's CPU and flags, the commit and the command that made it."""
