@@ -93,6 +93,12 @@ def cli(*args: str) -> bytes:
     return done.stdout
 
 
+def cli_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A vibevoice-onnx command in its own process, as a user runs it: its exit status and text output."""
+    return subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

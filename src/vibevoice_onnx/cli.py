@@ -191,6 +191,25 @@ def cmd_pull(args) -> int:
     return 0
 
 
+def cmd_web(args) -> int:
+    from .web.site import site_server, write_site
+
+    site = write_site(Path(args.bundle), Path(args.output), force=args.force,
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(site, flush=True)
+    if args.preview is not None:
+        server = site_server(site, args.preview)
+        print(f"serving {site} at http://127.0.0.1:{server.server_address[1]}/ (this machine only; Ctrl-C stops)",
+              file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    return 0
+
+
 def cmd_cache_list(args) -> int:
     from .hub.cache import cached_bundles, home_summary
 
@@ -638,6 +657,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-dir", metavar="DIR", help="also copy the checked bundle into DIR (a folder of your own, "
                    "say to import voices into); default: use it from the Hugging Face cache")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("web", help="a static site that runs a realtime bundle in the browser (onnxruntime-web, "
+                       "WASM): nothing is computed on a server")
+    p.add_argument("bundle", metavar="BUNDLE_DIR", help="a realtime bundle")
+    p.add_argument("-o", "--output", required=True, metavar="SITE", help="the folder to write the site into (new or "
+                   "empty); serve it with the headers docs/browser.md names")
+    p.add_argument("--force", action="store_true", help="replace what SITE holds")
+    p.add_argument("--preview", type=int, metavar="PORT", help="then serve SITE on 127.0.0.1:PORT with the headers it "
+                   "needs, to open it in a browser on this machine (0: any free port)")
+    p.set_defaults(func=cmd_web)
 
     cache = sub.add_parser("cache", help="the bundles built from checkpoints on first use ($VIBEVOICE_ONNX_HOME, "
                            "default ~/.cache/vibevoice-onnx)").add_subparsers(dest="cache_command", required=True,

@@ -30,6 +30,7 @@ class Capabilities:
     streams: bool = False  # takes its input as it comes (realtime: text; ASR-Streaming: audio)
     long_form: bool = False  # multi-speaker scripts, voices from audio samples, the LM picks segments and EOS
     batchable: bool = False  # several generations on one bundle share each graph call
+    in_browser: bool = False  # its loop runs in a web page on onnxruntime-web (`vibevoice-onnx web`)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ FAMILIES = (
         reference="reference.loading:load_realtime", torch_backend="reference.realtime:TorchRealtimeBackend",
         exporter="export.realtime", policy="export.precision:REALTIME_POLICY", gates="verify.realtime",
         runtime="runtime.realtime:RealtimeTTS", voices="preset", defaults=Defaults(cfg_scale=1.5, steps=5),
-        capabilities=Capabilities(speaks=True, streams=True, batchable=True),
+        capabilities=Capabilities(speaks=True, streams=True, batchable=True, in_browser=True),
     ),
     LONG_FORM,
     replace(

@@ -37,14 +37,18 @@ def offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
-def fetch_url(url: str, timeout: float = 30.0) -> Path:
+def fetch_url(url: str, timeout: float = 30.0, sha256: str | None = None, limit: int = MAX_DOWNLOAD_BYTES,
+              what: str = "a voice file") -> Path:
     """The file at an http(s) URL, downloaded once into downloads/ (keyed by the URL) and reused from there,
     also offline. The content is untrusted: whoever reads it (the preset allow-list, the audio decoder) checks it;
-    here it is only bounded in size and written atomically, so a broken download never looks complete."""
+    here it is bounded in size (`limit` bytes, else it is not `what`), checked against `sha256` where the caller
+    pins one (on download and on reuse), and written atomically, so a broken download never looks complete."""
     name = _SAFE_NAME.sub("_", Path(urllib.parse.urlparse(url).path).name) or "download"
     target = home() / "downloads" / hashlib.sha256(url.encode()).hexdigest()[:16] / name
     if target.is_file():
-        return target
+        if sha256 is None or _sha256(target) == sha256:
+            return target
+        target.unlink()  # changed since it was checked: fetched again, and checked again
     if offline():
         raise VibeVoiceError(f"{url}: not downloaded yet, and HF_HUB_OFFLINE is set; fetch it once with network, "
                              "or give a local file")
@@ -52,20 +56,31 @@ def fetch_url(url: str, timeout: float = 30.0) -> Path:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "vibevoice-onnx"}),
                                     timeout=timeout) as response, atomic_file(target, "downloading") as partial:
+            digest, size = hashlib.sha256(), 0
             with open(partial, "wb") as out:
-                size = 0
                 while block := response.read(2**20):
                     size += len(block)
-                    if size > MAX_DOWNLOAD_BYTES:
-                        raise VibeVoiceError(f"{url}: larger than {MAX_DOWNLOAD_BYTES // 2**20} MB, so it is not "
-                                             "a voice file; refused")
+                    if size > limit:
+                        raise VibeVoiceError(f"{url}: larger than {limit // 2**20} MB, so it is not {what}; refused")
+                    digest.update(block)
                     out.write(block)
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise VibeVoiceError(f"{url}: its sha256 is {digest.hexdigest()}, not the {sha256} this version pins: "
+                                     "changed or damaged on the way, so it is refused")
     except urllib.error.HTTPError as e:
         raise VibeVoiceError(f"{url}: the server answered {e.code} {e.reason}") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         reason = getattr(e, "reason", e)
         raise VibeVoiceError(f"{url}: cannot be downloaded ({reason})") from None
     return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(2**20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def local_file(spec: str | Path) -> Path:

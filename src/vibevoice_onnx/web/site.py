@@ -1,0 +1,102 @@
+"""A static site for a realtime bundle: the bundle's files, onnxruntime-web and a JavaScript tokenizer from the npm
+registry (web.npm), and the page with its script (web/static). Nothing is computed on a server: any static host
+serves it (with the cross-origin isolation headers, WASM runs multi-threaded; see docs/browser.md)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from ..errors import VibeVoiceError
+from ..families import kinds_that
+from ..runtime.bundle import Bundle, bundle_files
+from .npm import PACKAGES, unpack
+
+BUNDLE_FOLDER = "bundle"  # the bundle's files, as the bundle has them
+SITE_RECORD = "site.json"
+# The headers a host must send for WASM threads (SharedArrayBuffer): without them the page runs on one thread.
+ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
+
+
+def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> Path:
+    """The site for the bundle at `bundle_dir` (a kind whose loop runs in the browser: realtime), written into `out` (new or empty; `force`: replaced)."""
+    bundle = Bundle(Path(bundle_dir))
+    bundle.require_kind(*kinds_that(in_browser=True))
+    bundle.check_files()  # what the page is given is what was built and verified
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise VibeVoiceError(f"{out}: is not empty; give a new folder, or --force to replace what is there")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    copy_bundle_files(bundle.path, out / BUNDLE_FOLDER)
+    for package in PACKAGES:
+        log(f"  {package.name} {package.version} (npm, sha256 checked)")
+        unpack(package, out)
+    static = resources.files(__package__) / "static"
+    for name in ("index.html", "vibevoice.mjs"):
+        (out / name).write_bytes((static / name).read_bytes())
+    (out / SITE_RECORD).write_text(json.dumps(site_record(bundle), indent=2) + "\n")
+    return out
+
+
+def site_record(bundle: Bundle) -> dict:
+    """What the page reads first: the bundle, its gates and whether `speak` would refuse it, the voices (a static
+    host cannot list a folder) and the JavaScript's versions."""
+    try:
+        bundle.require_usable()
+        refused = None
+    except VibeVoiceError as e:
+        refused = str(e).split("; pass --force")[0]  # the page has no --force
+    parity = bundle.info.parity
+    return {"bundle": BUNDLE_FOLDER, "kind": bundle.kind, "precision": bundle.info.precision,
+            "gates": "not verified" if not parity else "passed" if parity["passed"] else "failed",
+            "refused": refused, "voices": bundle.voices(),
+            "graphs": {name: {"file": graph["file"], "data": external_data(bundle.path, graph["file"])}
+                       for name, graph in bundle.info.graphs.items()},
+            "packages": {p.name: p.version for p in PACKAGES}}
+
+
+def external_data(bundle_dir: Path, graph_file: str) -> str | None:
+    """The file holding a graph's large weights, beside it (the exporter's name), which onnxruntime-web is given
+    explicitly: a browser cannot look beside a URL."""
+    data = f"{graph_file}.data"
+    return data if (Path(bundle_dir) / data).is_file() else None
+
+
+def copy_bundle_files(source: Path, target: Path) -> None:
+    """The bundle's files (those its manifest records, and the manifest), hard-linked where the file system allows."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in [*bundle_files(source), "manifest.json"]:
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source / name, destination)
+        except OSError:
+            shutil.copyfile(source / name, destination)
+
+
+class IsolatedHandler(http.server.SimpleHTTPRequestHandler):
+    """A static host as a site needs: the cross-origin isolation headers on every file, modules and WebAssembly
+    with their types."""
+
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript",
+                      ".wasm": "application/wasm", ".onnx": "application/octet-stream"}
+
+    def end_headers(self):
+        for name, value in ISOLATION_HEADERS.items():
+            self.send_header(name, value)
+        super().end_headers()
+
+    def log_message(self, *args):  # a page loads dozens of files: no line each
+        pass
+
+
+def site_server(site: Path, port: int, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+    """A local static server for `site` (port 0: any free one); serve_forever() runs it."""
+    return http.server.ThreadingHTTPServer((host, port), functools.partial(IsolatedHandler, directory=str(site)))

@@ -1,0 +1,186 @@
+"""The static site `vibevoice-onnx web` writes, in a real browser: Debian's headless Chromium driven by Selenium,
+the site served by a plain static HTTP server on 127.0.0.1 (started and stopped here) with the cross-origin
+isolation headers a host must send. Its contract is parity with the Python runtime: the JavaScript tokenizer gives
+the Python tokenizer's ids, and every graph the realtime loop calls gives, on onnxruntime-web's WASM, the outputs
+the Python runtime's onnxruntime gives for the same inputs (the inputs of a real generation, captured). The
+JavaScript packages come from the npm registry by pinned version and sha256, as a user's `web` fetches them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
+
+from selenium import webdriver  # noqa: E402
+
+from conftest import copy_bundle  # noqa: E402
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
+    pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
+                allow_module_level=True)
+WAIT = 60
+# Odd Unicode a tokenizer can get wrong: combining marks, CJK, emoji with joiners and skin tones, right-to-left
+# text, digits of other scripts, whitespace runs and controls, a replacement character.
+CORPUS = ["Hello, world! It's 3:45 p.m. — isn't it?", "naïve café, Ångström, ﬁne ligatures, ß and ẞ",
+          "e\u0301 versus é (NFC against NFD)", "中文的句子，还有标点。日本語のテキスト。한국어 문장.",
+          "👩🏽‍💻 and 👨‍👩‍👧‍👦 and 🏳️‍🌈", "مرحبا بالعالم שלום עולם", "١٢٣ ४५६ ๗๘๙ and 123,456.78",
+          "tabs\tand  double  spaces\nand new\nlines   ", "\u200b\u00ad\ufeffzero-width\ufffd", "   ", ""]
+
+
+@pytest.fixture(scope="module")
+def site_bundle(tiny_bundle, tmp_path_factory) -> Path:
+    return copy_bundle(tiny_bundle, tmp_path_factory.mktemp("site-bundle") / "cpu_fp32")
+
+
+@pytest.fixture(scope="module")
+def host(site_bundle, tmp_path_factory):
+    """The site of the tiny realtime bundle and one of a copy whose gates failed, served on 127.0.0.1."""
+    from vibevoice_onnx.web.site import site_server, write_site
+
+    root = tmp_path_factory.mktemp("sites")
+    write_site(site_bundle, root / "good", log=lambda _: None)
+    failed = copy_bundle(site_bundle, tmp_path_factory.mktemp("failed") / "cpu_fp32")
+    manifest = json.loads((failed / "manifest.json").read_text())
+    manifest["parity"] = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
+    (failed / "manifest.json").write_text(json.dumps(manifest))
+    write_site(failed, root / "failed", log=lambda _: None)
+    server = site_server(root, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(str(CHROMEDRIVER), log_output=str(tmp_path_factory.mktemp("chromedriver") / "driver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.set_page_load_timeout(30)
+        driver.set_script_timeout(WAIT)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def page(browser, url: str):
+    """The page at `url`, its API ready (or refused): {ok, message}."""
+    browser.get(url)
+    return browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then(
+            (api) => done({ok: true, threads: api.threads, isolated: globalThis.crossOriginIsolated, voices: api.voices,
+                           gates: api.site.gates}),
+            (error) => done({ok: false, message: error.message})) : setTimeout(wait, 50);
+        wait();""")
+
+
+def errors(browser) -> list[str]:
+    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_the_page_loads_the_bundle_cross_origin_isolated(host, browser, site_bundle):
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    state = page(browser, f"{host}/good/")
+    assert state["ok"], state
+    assert state["isolated"] is True and state["threads"] > 1  # the headers reach the page: WASM threads
+    assert state["gates"] == "not verified" and Bundle(site_bundle).info.parity is None  # fp32: usable unverified
+    assert state["voices"] == Bundle(site_bundle).voices() == ["synthetic"]
+    assert browser.find_element("id", "status").text == "Ready."
+    assert not errors(browser)
+
+
+def test_the_page_refuses_a_bundle_that_failed_its_gates_as_speak_does(host, browser):
+    state = page(browser, f"{host}/failed/")
+    assert not state["ok"]
+    assert "failed its parity gates" in state["message"] and "--force" not in state["message"]
+    assert browser.find_element("id", "status").text == state["message"]
+
+
+def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundle):
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    assert page(browser, f"{host}/good/")["ok"]
+    theirs = browser.execute_script("return arguments[0].map((text) => globalThis.vibevoice.tokenize(text));", CORPUS)
+    tokenizer = Bundle(site_bundle).tokenizer
+    ours = [tokenizer.encode(text, add_special_tokens=False).ids for text in CORPUS]
+    assert sum(map(len, ours)) > 150
+    for text, js, py in zip(CORPUS, theirs, ours):
+        assert js == py, text
+
+
+def wire(array: np.ndarray) -> dict:
+    array = np.ascontiguousarray(array)
+    return {"type": str(array.dtype), "dims": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
+
+
+def unwire(value: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(value["data"]), value["type"]).reshape(value["dims"])
+
+
+def first_calls(bundle: Path) -> dict[str, tuple[dict, dict]]:
+    """Each graph's first call in a real generation (3 latents of the tiny bundle): its inputs and its outputs."""
+    from vibevoice_onnx.runtime.device import GraphSession, host
+    from vibevoice_onnx.runtime.speech import open_tts
+
+    calls, run = {}, GraphSession.run
+
+    def recording(self, output_names, feeds, keep=frozenset(), into=None):
+        inputs = {name: np.array(host(value)) for name, value in feeds.items()}
+        outputs = run(self, output_names, feeds, keep, into)
+        if self.name not in calls:
+            names = [n for n in self.output_names if n not in (into or {})] if output_names is None else list(output_names)
+            calls[self.name] = (inputs, {n: np.array(host(v)) for n, v in zip(names, outputs)})
+        return outputs
+
+    GraphSession.run = recording
+    try:
+        open_tts(bundle).create("The page speaks as Python does.", voice="synthetic", seed=7, max_frames=3)
+    finally:
+        GraphSession.run = run
+    return calls
+
+
+def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser, site_bundle):
+    """The loop's graphs, each fed what a Python generation fed it, on onnxruntime-web: the same outputs (cosine and
+    the largest difference against the output's scale; fp32 on both sides, so only summation order differs)."""
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    assert page(browser, f"{host}/good/")["ok"]
+    calls = first_calls(site_bundle)
+    assert set(calls) == set(Bundle(site_bundle).info.graphs)  # every graph the bundle has, the loop called
+    for name, (inputs, outputs) in calls.items():
+        result = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            globalThis.vibevoice.run(arguments[0], arguments[1], arguments[2]).then(done, (e) => done({error: e.message}));
+            """, name, {k: wire(v) for k, v in inputs.items()}, list(outputs))
+        assert "error" not in result, (name, result)
+        for output, expected in outputs.items():
+            got = unwire(result[output]).astype(np.float64)
+            expected = expected.astype(np.float64)
+            assert got.shape == expected.shape, (name, output)
+            scale = float(np.abs(expected).max()) or 1.0
+            assert float(np.abs(got - expected).max()) <= 1e-4 * scale, (name, output)
+            if expected.size > 1 and np.linalg.norm(expected) > 0:
+                cosine = float(got.ravel() @ expected.ravel() / np.linalg.norm(got) / np.linalg.norm(expected))
+                assert cosine >= 0.99999, (name, output, cosine)
+    assert not errors(browser)

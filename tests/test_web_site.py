@@ -1,0 +1,120 @@
+"""`vibevoice-onnx web` without a browser: what it refuses, what the site holds, and the pinned npm downloads'
+check (against a stand-in registry on 127.0.0.1, started and stopped here)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import json
+import threading
+
+import pytest
+
+from conftest import copy_bundle
+from helpers import cli_run
+
+
+def test_web_refuses_a_bundle_of_another_kind(tiny_asr_bundle, tmp_path):
+    done = cli_run("web", str(tiny_asr_bundle), "-o", str(tmp_path / "site"))
+    assert done.returncode == 2 and "realtime" in done.stderr, done.stderr
+    assert not (tmp_path / "site").exists()
+
+
+def test_web_writes_the_bundle_the_scripts_and_a_record_and_keeps_a_folder_it_did_not_make(tiny_bundle, tmp_path):
+    from vibevoice_onnx.runtime.bundle import Bundle, bundle_files
+    from vibevoice_onnx.web.npm import PACKAGES
+
+    bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
+    site = tmp_path / "site"
+    done = cli_run("web", str(bundle), "-o", str(site))
+    assert done.returncode == 0, done.stderr
+    for name in bundle_files(bundle):
+        assert (site / "bundle" / name).read_bytes() == (bundle / name).read_bytes(), name
+    record = json.loads((site / "site.json").read_text())
+    assert record["kind"] == "realtime" and record["refused"] is None and record["voices"] == Bundle(bundle).voices()
+    assert set(record["graphs"]) == set(Bundle(bundle).info.graphs)
+    assert record["packages"] == {p.name: p.version for p in PACKAGES}
+    for package in PACKAGES:
+        for _, target in package.files:
+            assert (site / target).stat().st_size > 0, target
+    assert (site / "index.html").is_file() and (site / "vibevoice.mjs").is_file()
+    (site / "mine.txt").write_text("a file of the user's")
+    again = cli_run("web", str(bundle), "-o", str(site))
+    assert again.returncode == 2 and "--force" in again.stderr and (site / "mine.txt").is_file()
+    assert cli_run("web", str(bundle), "-o", str(site), "--force").returncode == 0
+    assert not (site / "mine.txt").exists()
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A stand-in for the npm registry on 127.0.0.1: serves the files of a folder."""
+    root = tmp_path / "registry"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}), directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_pinned_download_is_checked_when_fetched_and_when_reused(registry, tmp_path, monkeypatch):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.hub.home import fetch_url
+
+    monkeypatch.setenv("VIBEVOICE_ONNX_HOME", str(tmp_path / "home"))
+    root, url = registry
+    (root / "pkg.tgz").write_bytes(b"the package as published")
+    pinned = hashlib.sha256(b"the package as published").hexdigest()
+    with pytest.raises(VibeVoiceError, match="sha256 .* not the 0+ this version pins"):
+        fetch_url(f"{url}/pkg.tgz", sha256="0" * 64)
+    assert not [p for p in (tmp_path / "home").rglob("*") if p.is_file()]  # nothing half-kept
+    path = fetch_url(f"{url}/pkg.tgz", sha256=pinned)
+    assert path.read_bytes() == b"the package as published"
+    path.write_bytes(b"changed in the cache")  # a cached copy that no longer matches is fetched again
+    assert fetch_url(f"{url}/pkg.tgz", sha256=pinned).read_bytes() == b"the package as published"
+    (root / "pkg.tgz").write_bytes(b"x" * 3000)
+    with pytest.raises(VibeVoiceError, match="larger than 0 MB, so it is not an npm package"):
+        fetch_url(f"{url}/pkg.tgz?big", sha256=pinned, limit=2000, what="an npm package")
+
+
+def test_web_preview_serves_the_site_with_the_isolation_headers_until_stopped(tiny_bundle, tmp_path):
+    """`web --preview PORT`: the site on 127.0.0.1 with COOP/COEP and the types modules and WebAssembly need; it
+    stops on SIGINT (Ctrl-C) with exit 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from helpers import free_port
+
+    port = free_port()
+    bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
+    process = subprocess.Popen([sys.executable, "-m", "vibevoice_onnx.cli", "web", str(bundle), "-o", str(tmp_path / "site"),
+                                "--preview", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, answered = time.monotonic() + 120, {}
+        while time.monotonic() < deadline and not answered:
+            try:
+                for path in ("/", "/vibevoice.mjs", "/ort/ort-wasm-simd-threaded.wasm"):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                        answered[path] = response.headers
+            except OSError:
+                answered = {}
+                time.sleep(0.3)
+        assert answered, process.stderr.read() if process.poll() is not None else "no answer in 120 s"
+        for headers in answered.values():
+            assert headers["Cross-Origin-Opener-Policy"] == "same-origin"
+            assert headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        assert answered["/vibevoice.mjs"]["Content-Type"] == "text/javascript"
+        assert answered["/ort/ort-wasm-simd-threaded.wasm"]["Content-Type"] == "application/wasm"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
