@@ -232,3 +232,24 @@ def gained_copy(bundle: Path, dst: Path, factor: float) -> Path:
     for graph, output in REALTIME_GAIN_POINTS.items():
         scaled_output(dst / f"{graph}.onnx", output, factor)
     return dst
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+def chromium(folder: Path, script_timeout: float, *flags: str):
+    """Debian's headless Chromium under Selenium, its profile and driver log in `folder`, console logs kept."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={folder / 'profile'}", *flags):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), log_output=str(folder / "driver.log")), options=options)
+    driver.set_page_load_timeout(30)
+    driver.set_script_timeout(script_timeout)
+    return driver

@@ -17,11 +17,9 @@ import pytest
 
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
-from selenium import webdriver  # noqa: E402
-
 from conftest import copy_bundle  # noqa: E402
+from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
                 allow_module_level=True)
@@ -62,23 +60,9 @@ def host(site_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(str(CHROMEDRIVER), log_output=str(tmp_path_factory.mktemp("chromedriver") / "driver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    try:
-        driver.set_page_load_timeout(30)
-        driver.set_script_timeout(WAIT)
-        yield driver
-    finally:
-        driver.quit()
+    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT)
+    yield driver
+    driver.quit()
 
 
 def page(browser, url: str):

@@ -9,7 +9,6 @@ import base64
 import json
 import os
 import shutil
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,19 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED, write_voice_sample
-from helpers import KEY, Server
+from helpers import CHROMEDRIVER, CHROMIUM, KEY, Server, chromium
 
 pytest.importorskip("fastapi")
 pytest.importorskip("av")
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
-from selenium import webdriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 from test_serve_live import spoken  # noqa: E402
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SPEECH_FIXTURE = SHARED / "fixtures" / "audio" / "demo3-hotwords.wav"
 UPLOAD_LIMIT_MB = 0.5
 TEXT = "The page plays what speak gives."
@@ -79,24 +76,12 @@ def microphone(tmp_path_factory) -> Path | None:
 
 @pytest.fixture(scope="module")
 def browser(server, microphone, tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
-                 "--use-fake-device-for-media-stream", "--window-size=1000,1200",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
+    flags = ["--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
+             "--use-fake-device-for-media-stream", "--window-size=1000,1200"]
     if microphone is not None:
-        options.add_argument(f"--use-file-for-fake-audio-capture={microphone}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(str(CHROMEDRIVER), log_output=str(tmp_path_factory.mktemp("chromedriver") / "driver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
+        flags.append(f"--use-file-for-fake-audio-capture={microphone}")
+    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT, *flags)
     try:
-        driver.set_page_load_timeout(30)
-        driver.set_script_timeout(WAIT)
         driver.get(server.url)
         yield driver
     finally:

@@ -76,11 +76,9 @@ def fetch_url(url: str, timeout: float = 30.0, sha256: str | None = None, limit:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(2**20):
-            digest.update(block)
-    return digest.hexdigest()
+    from ..runtime.bundle import file_record
+
+    return file_record(path)["sha256"]
 
 
 def local_file(spec: str | Path) -> Path:
