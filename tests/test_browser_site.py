@@ -38,12 +38,27 @@ def site_bundle(tiny_bundle, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def host(site_bundle, tmp_path_factory):
-    """The site of the tiny realtime bundle and one of a copy whose gates failed, served on 127.0.0.1."""
+def int8_bundle(tiny_checkpoints, site_bundle, tmp_path_factory) -> Path:
+    """The tiny realtime bundle at int8 (built from its fp32 sibling, as `build` does), verified."""
+    from vibevoice_onnx.cli import main
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    root = tmp_path_factory.mktemp("int8")
+    copy_bundle(site_bundle, root / "realtime" / "cpu_fp32")
+    assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", "int8"]) == 0
+    bundle = root / "realtime" / "cpu_int8"
+    assert verify_bundle(bundle, tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def host(site_bundle, int8_bundle, tmp_path_factory):
+    """The sites of the tiny realtime bundle at fp32 and int8 and of a copy whose gates failed, on 127.0.0.1."""
     from vibevoice_onnx.web.site import site_server, write_site
 
     root = tmp_path_factory.mktemp("sites")
-    write_site(site_bundle, root / "good", log=lambda _: None)
+    write_site(site_bundle, root / "fp32", log=lambda _: None)
+    write_site(int8_bundle, root / "int8", log=lambda _: None)
     failed = copy_bundle(site_bundle, tmp_path_factory.mktemp("failed") / "cpu_fp32")
     manifest = json.loads((failed / "manifest.json").read_text())
     manifest["parity"] = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
@@ -84,7 +99,7 @@ def errors(browser) -> list[str]:
 def test_the_page_loads_the_bundle_cross_origin_isolated(host, browser, site_bundle):
     from vibevoice_onnx.runtime.bundle import Bundle
 
-    state = page(browser, f"{host}/good/")
+    state = page(browser, f"{host}/fp32/")
     assert state["ok"], state
     assert state["isolated"] is True and state["threads"] > 1  # the headers reach the page: WASM threads
     assert state["gates"] == "not verified" and Bundle(site_bundle).info.parity is None  # fp32: usable unverified
@@ -103,7 +118,7 @@ def test_the_page_refuses_a_bundle_that_failed_its_gates_as_speak_does(host, bro
 def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundle):
     from vibevoice_onnx.runtime.bundle import Bundle
 
-    assert page(browser, f"{host}/good/")["ok"]
+    assert page(browser, f"{host}/fp32/")["ok"]
     theirs = browser.execute_script("return arguments[0].map((text) => globalThis.vibevoice.tokenize(text));", CORPUS)
     tokenizer = Bundle(site_bundle).tokenizer
     ours = [tokenizer.encode(text, add_special_tokens=False).ids for text in CORPUS]
@@ -144,14 +159,26 @@ def first_calls(bundle: Path) -> dict[str, tuple[dict, dict]]:
     return calls
 
 
-def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser, site_bundle):
-    """The loop's graphs, each fed what a Python generation fed it, on onnxruntime-web: the same outputs (cosine and
-    the largest difference against the output's scale; fp32 on both sides, so only summation order differs)."""
+# The largest difference against the output's scale, and the cosine, each graph call may show. fp32: only the
+# order of sums differs (measured 8.6e-7, cosine 1 - 2e-13). int8: the dynamic-int8 decoder agrees as closely, the
+# 8-bit MatMulNBits graphs (LMs, head) do not: their int8 activation rounding (accuracy level 4) is the x86
+# kernels' and not WASM's, so an activation lands a quantization step away (measured 0.025 of scale, cosine 0.99977,
+# the head's step; 2x room in each).
+LIMITS = {"fp32": (1e-4, 0.99999), "int8": (5e-2, 0.999)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser, site_bundle, int8_bundle, precision):
+    """The loop's graphs, each fed what a Python generation fed it, on onnxruntime-web: the same outputs (the
+    largest difference against the output's scale, and the cosine, within LIMITS)."""
     from vibevoice_onnx.runtime.bundle import Bundle
 
-    assert page(browser, f"{host}/good/")["ok"]
-    calls = first_calls(site_bundle)
-    assert set(calls) == set(Bundle(site_bundle).info.graphs)  # every graph the bundle has, the loop called
+    bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
+    largest, lowest = LIMITS[precision]
+    assert page(browser, f"{host}/{precision}/")["ok"]
+    calls = first_calls(bundle)
+    assert set(calls) == set(Bundle(bundle).info.graphs)  # every graph the bundle has, the loop called
+    measured = {}
     for name, (inputs, outputs) in calls.items():
         result = browser.execute_async_script("""
             const done = arguments[arguments.length - 1];
@@ -159,12 +186,13 @@ def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser,
             """, name, {k: wire(v) for k, v in inputs.items()}, list(outputs))
         assert "error" not in result, (name, result)
         for output, expected in outputs.items():
-            got = unwire(result[output]).astype(np.float64)
-            expected = expected.astype(np.float64)
+            got, expected = unwire(result[output]).astype(np.float64), expected.astype(np.float64)
             assert got.shape == expected.shape, (name, output)
             scale = float(np.abs(expected).max()) or 1.0
-            assert float(np.abs(got - expected).max()) <= 1e-4 * scale, (name, output)
+            cosine = 1.0
             if expected.size > 1 and np.linalg.norm(expected) > 0:
                 cosine = float(got.ravel() @ expected.ravel() / np.linalg.norm(got) / np.linalg.norm(expected))
-                assert cosine >= 0.99999, (name, output, cosine)
+            measured[f"{name}.{output}"] = (float(np.abs(got - expected).max()) / scale, cosine)
+    print(precision, json.dumps(measured))
+    assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
     assert not errors(browser)
