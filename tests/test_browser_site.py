@@ -7,7 +7,6 @@ JavaScript packages come from the npm registry by pinned version and sha256, as 
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from pathlib import Path
@@ -19,6 +18,8 @@ pytest.importorskip("selenium", reason="selenium is not installed (the `test` ex
 
 from conftest import copy_bundle  # noqa: E402
 from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
+
+from vibevoice_onnx.web.parity import first_calls, unwire, wire  # noqa: E402
 
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
@@ -125,38 +126,6 @@ def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundl
     assert sum(map(len, ours)) > 150
     for text, js, py in zip(CORPUS, theirs, ours):
         assert js == py, text
-
-
-def wire(array: np.ndarray) -> dict:
-    array = np.ascontiguousarray(array)
-    return {"type": str(array.dtype), "dims": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
-
-
-def unwire(value: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(value["data"]), value["type"]).reshape(value["dims"])
-
-
-def first_calls(bundle: Path) -> dict[str, tuple[dict, dict]]:
-    """Each graph's first call in a real generation (3 latents of the tiny bundle): its inputs and its outputs."""
-    from vibevoice_onnx.runtime.device import GraphSession, host
-    from vibevoice_onnx.runtime.speech import open_tts
-
-    calls, run = {}, GraphSession.run
-
-    def recording(self, output_names, feeds, keep=frozenset(), into=None):
-        inputs = {name: np.array(host(value)) for name, value in feeds.items()}
-        outputs = run(self, output_names, feeds, keep, into)
-        if self.name not in calls:
-            names = [n for n in self.output_names if n not in (into or {})] if output_names is None else list(output_names)
-            calls[self.name] = (inputs, {n: np.array(host(v)) for n, v in zip(names, outputs)})
-        return outputs
-
-    GraphSession.run = recording
-    try:
-        open_tts(bundle).create("The page speaks as Python does.", voice="synthetic", seed=7, max_frames=3)
-    finally:
-        GraphSession.run = run
-    return calls
 
 
 # The largest difference against the output's scale, and the cosine, each graph call may show. fp32: only the

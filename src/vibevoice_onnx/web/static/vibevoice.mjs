@@ -5,12 +5,13 @@
 //   tokenize(text) -> token ids, as the Python runtime's tokenizer gives them (no special tokens)
 //   run(graph, feeds, fetches) -> outputs: one call of one of the bundle's graphs; feeds and outputs in the wire
 //              form {name: {type, dims, data: base64}} that the parity tests send (types: float32, int64, int32)
+//   timings    {graph: [ms of each session.run]}: the graphs' own time, without the wire's conversions
 // The generation loop itself (speak, streamed text) comes next; its contract is a parity gate against Python.
 import * as ort from "./ort/ort.wasm.min.mjs";
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const ARRAYS = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array };
-const api = { ort, sessions: new Map() };
+const api = { ort, sessions: new Map(), timings: {} };
 
 async function json(path) {
   const response = await fetch(path);
@@ -58,7 +59,9 @@ function toWire(tensor) {
 api.run = async (name, feeds, fetches) => {
   const session = await api.session(name);
   const inputs = Object.fromEntries(Object.entries(feeds).map(([key, value]) => [key, fromWire(value)]));
+  const start = performance.now();
   const outputs = await session.run(inputs, fetches);
+  (api.timings[name] ??= []).push(performance.now() - start);
   return Object.fromEntries(Object.entries(outputs).map(([key, value]) => [key, toWire(value)]));
 };
 

@@ -1,0 +1,127 @@
+"""A realtime bundle's graphs in headless Chromium (onnxruntime-web, WASM) against the Python runtime's onnxruntime,
+on the same machine in one run: the site's size, the page's load, each graph's session creation, and each graph's
+call on the inputs a Python generation gave it (median of --repeats, the graph's own time in both), and the
+browser's peak memory.
+
+    .venv/bin/python benchmarks/browser.py BUNDLE [--threads 2] [--repeats 5] [--json FILE]
+
+Not yet the whole loop (first audio, RTF): the loop in JavaScript comes next; this says what its graphs cost. Uses
+the tests' Chromium (Debian's chromium and chromedriver, scripts/install-test-system-packages). Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from phases import header, run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+READY = """const done = arguments[arguments.length - 1];
+const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) => done({threads: api.threads}),
+    (error) => done({error: error.message})) : setTimeout(wait, 20);
+wait();"""
+SESSIONS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
+(async () => { for (const name of Object.keys(api.site.graphs)) {
+    const start = performance.now(); await api.session(name); out[name] = performance.now() - start; }
+  done(out); })().catch((error) => done({error: error.message}));"""
+CALLS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
+(async () => { api.timings[arguments[0]] = [];
+  for (let i = 0; i < arguments[3]; i++) await api.run(arguments[0], arguments[1], arguments[2]);
+  done(api.timings[arguments[0]]); })().catch((error) => done({error: error.message}));"""
+
+
+def browser_peak_bytes() -> int:
+    """The largest peak resident memory (VmHWM) of this machine's Chromium processes: the renderer running WASM."""
+    peaks = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if "\nName:\tchromium" in "\n" + text and "VmHWM" in text:
+            peaks.append(int(text.split("VmHWM:")[1].split()[0]) * 1024)
+    return max(peaks, default=0)
+
+
+def python_times(bundle: Path, name: str, inputs: dict, outputs: list[str], threads: int, repeats: int) -> list[float]:
+    import onnxruntime as ort
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(bundle / Bundle(bundle).info.graphs[name]["file"]), options,
+                                   providers=["CPUExecutionProvider"])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(outputs, inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> int:
+    from helpers import chromium
+
+    from vibevoice_onnx.web.parity import first_calls, wire
+    from vibevoice_onnx.web.site import site_server, write_site
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--threads", type=int, default=2, help="Python's threads; the page takes up to 4")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vibevoice-browser-") as folder:
+        site = write_site(args.bundle, Path(folder) / "site", log=lambda _: None)
+        size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+        server = site_server(site, 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        (Path(folder) / "chromium").mkdir()
+        driver = chromium(Path(folder) / "chromium", 600)
+        try:
+            start = time.perf_counter()
+            driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
+            ready = driver.execute_async_script(READY)
+            ready_seconds = time.perf_counter() - start
+            if "error" in ready:
+                raise SystemExit(f"the page refused the bundle: {ready['error']}")
+            sessions = driver.execute_async_script(SESSIONS)
+            graphs = {}
+            for name, (inputs, outputs) in first_calls(args.bundle).items():
+                wasm = driver.execute_async_script(CALLS, name, {k: wire(v) for k, v in inputs.items()}, list(outputs),
+                                                   args.repeats)
+                python = python_times(args.bundle, name, inputs, list(outputs), args.threads, args.repeats)
+                graphs[name] = {"inputs": {k: list(v.shape) for k, v in inputs.items() if v.ndim and v.size > 1},
+                                "wasm_ms_median": round(statistics.median(wasm[1:] or wasm), 2),
+                                "python_ms_median": round(statistics.median(python[1:] or python), 2),
+                                "wasm_ms": [round(t, 2) for t in wasm], "python_ms": [round(t, 2) for t in python]}
+                graphs[name]["ratio"] = round(graphs[name]["wasm_ms_median"] / max(graphs[name]["python_ms_median"], 1e-3), 1)
+                print(f"{name:28s} WASM {graphs[name]['wasm_ms_median']:8.2f} ms, Python {graphs[name]['python_ms_median']:7.2f} ms",
+                      flush=True)
+            peak = browser_peak_bytes()
+        finally:
+            driver.quit()
+            server.shutdown()
+    results = {**header(), "bundle": str(args.bundle), "site_bytes": size, "page_ready_seconds": round(ready_seconds, 2),
+               "wasm_threads": ready["threads"], "python_threads": args.threads,
+               "session_ms": {k: round(v, 1) for k, v in sessions.items()}, "browser_peak_bytes": peak,
+               "graph_calls": graphs,
+               "note": "each graph's first call in a Python generation (3 latents), replayed; the median leaves out the first call"}
+    text = json.dumps(results, indent=2) + "\n"
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
