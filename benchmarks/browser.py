@@ -12,7 +12,6 @@ the tests' Chromium (Debian's chromium and chromedriver, scripts/install-test-sy
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from phases import header, run
+from phases import header, print_results, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -116,11 +115,7 @@ def main() -> int:
                "session_ms": {k: round(v, 1) for k, v in sessions.items()}, "browser_peak_bytes": peak,
                "graph_calls": graphs,
                "note": "each graph's first call in a Python generation (3 latents), replayed; the median leaves out the first call"}
-    text = json.dumps(results, indent=2) + "\n"
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return 0
+    return print_results(results, args.json)
 
 
 if __name__ == "__main__":

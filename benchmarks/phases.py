@@ -72,6 +72,15 @@ def save(results: dict, args: argparse.Namespace) -> int:
     return 0
 
 
+def print_results(results: dict, path: Path | None) -> int:
+    """The results as JSON on standard output, and into `path` where one is given (--json)."""
+    text = json.dumps(results, indent=2) + "\n"
+    if path:
+        path.write_text(text)
+    print(text)
+    return 0
+
+
 def write_results(results: dict, work: Path) -> int:
     """WORKDIR/results.json: the header (date, CPU, commit, command), then `results`; printed too."""
     results = {**header(), **results}

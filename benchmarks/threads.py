@@ -19,7 +19,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from phases import CLI, header, run
+from phases import CLI, header, print_results, run
 
 MEASURES = {"real_time_factor": "real_time_factor", "first_audio_seconds": "first_audio_seconds",
             "warm_first_audio_seconds": "warm_first_audio_seconds", "peak_memory_bytes": "peak_memory_bytes"}
@@ -65,11 +65,7 @@ def main() -> int:
             print(f"round {round_ + 1}, {n} threads: RTF {measured[n][-1]['real_time_factor']:.3f}", flush=True)
     results = {**header(), "bundle": str(args.bundle), "cores": cores, "frames": args.frames, "rounds": args.rounds,
                "skipped_thread_counts": skipped, "threads": {str(n): summary(r) for n, r in measured.items()}}
-    text = json.dumps(results, indent=2) + "\n"
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return 0
+    return print_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -165,3 +165,46 @@ def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser,
     print(precision, json.dumps(measured))
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
     assert not errors(browser)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5, 10, 20, 37])
+def test_the_pages_sampler_schedule_is_pythons(host, browser, steps):
+    from vibevoice_onnx.sampling import DpmSolverSchedule
+
+    assert page(browser, f"{host}/fp32/")["ok"]
+    theirs = browser.execute_script("const s = globalThis.vibevoice.schedule(arguments[0]);"
+                                    "return {timesteps: s.timesteps, sigmas: Array.from(s.sigmas)};", steps)
+    ours = DpmSolverSchedule.create(steps)
+    assert theirs["timesteps"] == ours.timesteps.tolist()
+    assert np.array_equal(np.asarray(theirs["sigmas"], np.float32), ours.sigmas)  # fp32, bit for bit
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int8_bundle, precision):
+    """DPM-Solver++ with CFG over the head's graphs: the same conditions and noise give the Python runtime's latent
+    (fp32: the same arithmetic in another order; int8: the head's graphs differ as the graph gate above measures)."""
+    from vibevoice_onnx.generation.common import sample_next
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
+    from vibevoice_onnx.sampling import DpmSolverSchedule, NoiseSource
+
+    bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
+    assert page(browser, f"{host}/{precision}/")["ok"]
+    backend = OnnxRealtimeBackend(Bundle(bundle))
+    width = Bundle(bundle).dims.lm.hidden
+    rng = np.random.default_rng(11)
+    for steps, cfg in ((5, 1.5), (10, 3.0)):
+        positive, negative = (rng.standard_normal((1, width)).astype(np.float32) for _ in range(2))
+        noise = NoiseSource.from_seed(3)
+        ours = sample_next(backend, DpmSolverSchedule.create(steps), noise, positive, negative, cfg, 0)
+        theirs = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1], [positive, negative, noise, cfgScale, steps] = arguments;
+            globalThis.vibevoice.sampleLatent({positive: Float32Array.from(positive), negative: Float32Array.from(negative),
+                noise: Float32Array.from(noise), cfgScale, steps}).then((x) => done(Array.from(x)), (e) => done(e.message));
+            """, positive[0].tolist(), negative[0].tolist(), noise(0).tolist(), cfg, steps)
+        assert isinstance(theirs, list), theirs
+        theirs = np.asarray(theirs, np.float64)
+        cosine = float(theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours))
+        difference = float(np.abs(theirs - ours).max() / np.abs(ours).max())
+        limit = {"fp32": (1e-4, 0.99999), "int8": (5e-2, 0.999)}[precision]
+        assert difference <= limit[0] and cosine >= limit[1], (steps, cfg, difference, cosine)

@@ -65,6 +65,88 @@ api.run = async (name, feeds, fetches) => {
   return Object.fromEntries(Object.entries(outputs).map(([key, value]) => [key, toWire(value)]));
 };
 
+// DPM-Solver++ as the Python runtime runs it (vibevoice_onnx.sampling, facts sheet 4.1): 1000 training steps,
+// cosine betas, v-prediction, order 2 with the midpoint rule, first order on the first and the final step, final
+// sigma zero. Its arithmetic is fp32 there, so every scalar operation here is rounded to fp32 (Math.fround).
+const f = Math.fround;
+const TRAIN_STEPS = 1000;
+
+api.schedule = (steps) => {
+  if (!(steps >= 1 && steps < TRAIN_STEPS)) throw new Error(`diffusion steps must be from 1 to ${TRAIN_STEPS - 1}, got ${steps}`);
+  const alphaBar = (t) => Math.cos(((t + 0.008) / 1.008) * Math.PI / 2) ** 2;
+  const sigmaTable = new Float32Array(TRAIN_STEPS);
+  let cumulative = 1; // in double, as torch's CPU cumprod accumulates fp32
+  for (let i = 0; i < TRAIN_STEPS; i++) {
+    const beta = f(Math.min(1 - alphaBar((i + 1) / TRAIN_STEPS) / alphaBar(i / TRAIN_STEPS), 0.999));
+    cumulative *= f(1 - beta);
+    const alphas = f(cumulative);
+    sigmaTable[i] = f(Math.sqrt(f(f(1 - alphas) / alphas)));
+  }
+  const timesteps = []; // numpy's linspace(0, 999, steps + 1), rounded half to even, descending, without 0
+  const step = (TRAIN_STEPS - 1) / steps;
+  for (let i = steps; i >= 1; i--) timesteps.push(i === steps ? TRAIN_STEPS - 1 : roundHalfEven(i * step));
+  const sigmas = new Float32Array(steps + 1); // the table at integer timesteps; the last is 0
+  timesteps.forEach((t, k) => { sigmas[k] = sigmaTable[t]; });
+  return { timesteps, sigmas };
+};
+
+function roundHalfEven(value) {
+  const floor = Math.floor(value), fraction = value - floor;
+  return fraction > 0.5 || (fraction === 0.5 && floor % 2 === 1) ? floor + 1 : floor;
+}
+
+function alphaSigma(sigmas, k) {
+  const alpha = f(1 / f(Math.sqrt(f(f(sigmas[k] * sigmas[k]) + 1))));
+  return [alpha, f(sigmas[k] * alpha)];
+}
+
+const lambda = (sigmas, k) => { const [a, s] = alphaSigma(sigmas, k); return f(f(Math.log(a)) - f(Math.log(s))); };
+
+// One latent from its (positive, negative) conditions and its noise: the head conditioned once for every step
+// (timestep-major rows: positive, negative), then a step per timestep on [x, x], guided by cfgScale.
+api.sampleLatent = async ({ positive, negative, noise, cfgScale, steps }) => {
+  const { timesteps, sigmas } = api.schedule(steps);
+  const width = positive.length, size = noise.length;
+  const condition = new Float32Array(2 * steps * width), times = new Float32Array(2 * steps);
+  timesteps.forEach((t, k) => {
+    condition.set(positive, 2 * k * width); condition.set(negative, (2 * k + 1) * width);
+    times[2 * k] = times[2 * k + 1] = t;
+  });
+  const conditioning = await api.session("diffusion_head_conditioning");
+  const { modulation } = await conditioning.run({ timesteps: new ort.Tensor("float32", times, [2 * steps]),
+    condition: new ort.Tensor("float32", condition, [2 * steps, width]) });
+  const rows = modulation.dims[1], head = await api.session("diffusion_head_step");
+  let x = Float32Array.from(noise), previous = null;
+  for (let k = 0; k < steps; k++) {
+    const noisy = new Float32Array(2 * size); noisy.set(x); noisy.set(x, size);
+    const { velocity } = await head.run({ noisy_latents: new ort.Tensor("float32", noisy, [2, size]),
+      modulation: new ort.Tensor("float32", modulation.data.subarray(2 * k * rows, (2 * k + 2) * rows), [2, rows]) });
+    const [alpha, sigmaHat] = alphaSigma(sigmas, k), x0 = new Float32Array(size);
+    for (let i = 0; i < size; i++) {
+      const vPos = velocity.data[i], vNeg = velocity.data[size + i];
+      const v = f(vNeg + f(f(cfgScale) * f(vPos - vNeg)));
+      x0[i] = f(f(alpha * x[i]) - f(sigmaHat * v));
+    }
+    x = k + 1 === steps || sigmas[k + 1] === 0 ? x0 : solverStep(sigmas, k, steps, x, x0, previous);
+    previous = x0;
+  }
+  return x;
+};
+
+function solverStep(sigmas, k, steps, x, x0, previous) {
+  const [alphaT, sigmaT] = alphaSigma(sigmas, k + 1), [, sigmaS] = alphaSigma(sigmas, k);
+  const h = f(lambda(sigmas, k + 1) - lambda(sigmas, k));
+  const coefficient = f(alphaT * f(f(Math.exp(-h)) - 1)), ratio = f(sigmaT / sigmaS);
+  const second = previous !== null && k > 0 && k < steps - 1;
+  const r = second ? f(f(1 / f(f(lambda(sigmas, k) - lambda(sigmas, k - 1)) / h))) : 0;
+  const next = new Float32Array(x.length);
+  for (let i = 0; i < x.length; i++) {
+    next[i] = f(f(ratio * x[i]) - f(coefficient * x0[i]));
+    if (second) next[i] = f(next[i] - f(f(0.5 * coefficient) * f(r * f(x0[i] - previous[i]))));
+  }
+  return next;
+}
+
 api.ready = start();
 globalThis.vibevoice = api;
 export default api;
