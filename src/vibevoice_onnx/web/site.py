@@ -56,7 +56,7 @@ def site_record(bundle: Bundle) -> dict:
     parity = bundle.info.parity
     return {"bundle": BUNDLE_FOLDER, "kind": bundle.kind, "precision": bundle.info.precision,
             "gates": "not verified" if not parity else "passed" if parity["passed"] else "failed",
-            "refused": refused, "voices": bundle.voices(),
+            "refused": refused, "voices": bundle.voices(), "max_positions": bundle.dims.tts_lm.max_positions,
             "graphs": {name: {"file": graph["file"], "data": external_data(bundle.path, graph["file"])}
                        for name, graph in bundle.info.graphs.items()},
             "packages": {p.name: p.version for p in PACKAGES}}

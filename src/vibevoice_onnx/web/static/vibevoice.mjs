@@ -147,6 +147,165 @@ function solverStep(sigmas, k, steps, x, x0, previous) {
   return next;
 }
 
+// ---- safetensors: the bundle's host tensors and voices, as float32 -------------------------------------------
+function toFloat32(dtype, buffer, begin, end) {
+  const bytes = buffer.slice(begin, end);
+  if (dtype === "F32") return new Float32Array(bytes);
+  if (dtype === "BF16") {
+    const halves = new Uint16Array(bytes), words = new Uint32Array(halves.length);
+    for (let i = 0; i < halves.length; i++) words[i] = halves[i] << 16;
+    return new Float32Array(words.buffer);
+  }
+  if (dtype === "F16") {
+    const halves = new Uint16Array(bytes), out = new Float32Array(halves.length);
+    for (let i = 0; i < halves.length; i++) {
+      const h = halves[i], sign = h & 0x8000 ? -1 : 1, exponent = (h >> 10) & 31, fraction = h & 1023;
+      out[i] = exponent === 0 ? sign * 2 ** -14 * (fraction / 1024)
+        : exponent === 31 ? (fraction ? NaN : sign * Infinity) : sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+    }
+    return out;
+  }
+  throw new Error(`a tensor of type ${dtype}, which the page does not read`);
+}
+
+async function safetensors(path) {
+  const response = await fetch(path);
+  if (!response.ok) throw new Error(`${path}: the host answered ${response.status}`);
+  const buffer = await response.arrayBuffer();
+  const length = Number(new DataView(buffer).getBigUint64(0, true));
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, length)));
+  const tensors = {};
+  for (const [name, t] of Object.entries(header)) {
+    if (name === "__metadata__") continue;
+    tensors[name] = { dims: t.shape, data: toFloat32(t.dtype, buffer, 8 + length + t.data_offsets[0], 8 + length + t.data_offsets[1]) };
+  }
+  return tensors;
+}
+
+async function host() {
+  api.host ??= safetensors(`${api.site.bundle}/${api.manifest.host_tensors}`);
+  return api.host;
+}
+
+async function loadVoice(name) {
+  if (!api.voices.includes(name)) throw new Error(`no voice '${name}' in this bundle (it has ${api.voices.join(", ")})`);
+  const tensors = await safetensors(`${api.site.bundle}/voices/${name}.safetensors`);
+  const layers = (prefix) => {
+    const flat = [];
+    for (let i = 0; `${prefix}.${i}.key` in tensors; i++) flat.push(tensors[`${prefix}.${i}.key`], tensors[`${prefix}.${i}.value`]);
+    return flat;
+  };
+  return { lm: layers("lm"), ttsLm: layers("tts_lm"), negTtsLm: layers("neg_tts_lm"),
+           positive: tensors.tts_condition.data, negative: tensors.neg_condition.data };
+}
+
+// ---- an LM stream: one row, its cache grown call by call (the graph returns past + the new positions) ----------
+class LmStream {
+  constructor(name, layers) {
+    this.name = name;
+    this.past = layers.map((t) => new ort.Tensor("float32", t.data, t.dims));
+    this.length = layers[0].dims[2];
+  }
+
+  async step(embeds, count, width) { // embeds [count, width] -> the hidden states [count, width]
+    const session = await api.session(this.name);
+    const positions = new BigInt64Array(count).map((_, i) => BigInt(this.length + i));
+    const feeds = { inputs_embeds: new ort.Tensor("float32", embeds, [1, count, width]),
+      position_ids: new ort.Tensor("int64", positions, [1, count]),
+      seqlens_k: new ort.Tensor("int32", Int32Array.of(this.length + count - 1), [1]),
+      total_sequence_length: new ort.Tensor("int32", Int32Array.of(this.length + count), []) };
+    session.inputNames.slice(4).forEach((name, i) => { feeds[name] = this.past[i]; });
+    const start = performance.now(), outputs = await session.run(feeds);
+    (api.timings[this.name] ??= []).push(performance.now() - start);
+    this.past = session.outputNames.slice(1).map((name) => outputs[name]);
+    this.length += count;
+    return outputs[session.outputNames[0]].data;
+  }
+
+  async last(embeds, count, width) { // the last position's hidden state [width]
+    return (await this.step(embeds, count, width)).slice((count - 1) * width, count * width);
+  }
+}
+
+async function call(name, feeds) {
+  const session = await api.session(name), start = performance.now(), outputs = await session.run(feeds);
+  (api.timings[name] ??= []).push(performance.now() - start);
+  return outputs;
+}
+
+const add = (a, b) => a.map((x, i) => f(x + b[i]));
+const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64;
+const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
+
+// The text as the Python runtime reads it (text.normalise_tts_text): controls out, stripped, the demo's quotes
+// replaced, stripped, a newline after.
+api.normalise = (text) => {
+  let out = text.replace(CONTROLS, "").trim();
+  out = out.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"').trim();
+  if (!out) throw new Error("the text has nothing to speak (it is empty, or only whitespace and control characters)");
+  return `${out}\n`;
+};
+
+// Speech of `text` with `voice`: the realtime loop (generation/realtime.py's `_latents`), each latent decoded as it
+// comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes; `onAudio(chunk)`
+// is called with each frame's samples. Returns {samples, sampleRate, frames, stopReason}.
+api.speak = async (text, { voice, noise, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
+  if (!noise) throw new Error("the page takes its noise as rows for now (speak's --noise): seeds are the Python runtime's");
+  const rows = ArrayBuffer.isView(noise) ? noise : Float32Array.from(noise.flat());
+  const available = Math.floor(rows.length / LATENT);
+  const ids = api.tokenize(api.normalise(text));
+  const tensors = await host(), prompt = await loadVoice(voice ?? api.voices[0]);
+  const table = tensors.embed_tokens, width = table.dims[1], types = tensors.tts_input_types.data;
+  const scale = tensors.speech_scaling_factor.data[0], bias = tensors.speech_bias_factor.data[0];
+  const textType = types.slice(width, 2 * width), speechType = types.slice(0, width);
+  const maxPositions = api.site.max_positions;
+  const lower = new LmStream("lower_lm", prompt.lm), positive = new LmStream("upper_lm", prompt.ttsLm);
+  const negative = new LmStream("upper_lm", prompt.negTtsLm);
+  let hPos = prompt.positive, hNeg = prompt.negative;
+  const decoder = api.manifest.graphs.acoustic_decoder_stream;
+  let state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`,
+    new ort.Tensor("float32", new Float32Array(s.channels * s.length), [1, s.channels, s.length])]));
+  const chunks = [];
+  let frames = 0, stopReason = null, offset = 0;
+  const embed = (window) => {
+    const out = new Float32Array(window.length * width);
+    window.forEach((id, i) => out.set(table.data.subarray(id * width, (id + 1) * width), i * width));
+    return out;
+  };
+  while (stopReason === null) {
+    const window = ids.slice(offset, offset + TEXT_WINDOW);
+    offset += window.length;
+    if (window.length) {
+      if (positive.length + window.length > maxPositions) { stopReason = "max_length"; break; }
+      const lowerHidden = await lower.step(embed(window), window.length, width);
+      hPos = await positive.last(lowerHidden.map((x, i) => f(x + textType[i % width])), window.length, width);
+    }
+    for (let n = 0; n < SPEECH_WINDOW; n++) {
+      if (frames >= available) throw new Error(`the noise has ${available} rows, but generation reached frame ${frames + 1}`);
+      const z = await api.sampleLatent({ positive: hPos, negative: hNeg, noise: rows.subarray(frames * LATENT, (frames + 1) * LATENT),
+                                         cfgScale, steps });
+      frames += 1;
+      const unscaled = z.map((x) => f(f(x / scale) - bias));
+      const decoded = await call("acoustic_decoder_stream", { latents: new ort.Tensor("float32", unscaled, [1, 1, LATENT]), ...state });
+      state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`, decoded[`new_state.${s.name}`]]));
+      chunks.push(decoded.audio.data);
+      if (onAudio) onAudio(decoded.audio.data);
+      if (maxFrames !== null && frames >= maxFrames) { stopReason = "max_frames"; break; }
+      const connected = await call("acoustic_connector", { latents: new ort.Tensor("float32", z, [1, 1, LATENT]) });
+      const feedback = add(connected[Object.keys(connected)[0]].data, speechType);
+      if (positive.length + 1 > maxPositions) { stopReason = "max_length"; break; }
+      hPos = await positive.last(feedback, 1, width);
+      hNeg = await negative.last(feedback, 1, width);
+      const eos = await call("eos_classifier", { hidden_states: new ort.Tensor("float32", hPos, [1, width]) });
+      const logit = eos[Object.keys(eos)[0]].data[0];
+      if (1 / (1 + Math.exp(-logit)) > 0.5) { stopReason = "eos"; break; }
+    }
+  }
+  const samples = new Float32Array(chunks.reduce((n, c) => n + c.length, 0));
+  chunks.reduce((at, c) => { samples.set(c, at); return at + c.length; }, 0);
+  return { samples, sampleRate: 24000, frames, stopReason };
+};
+
 api.ready = start();
 globalThis.vibevoice = api;
 export default api;
