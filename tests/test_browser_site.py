@@ -76,7 +76,7 @@ def host(site_bundle, int8_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT)
+    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT, "--autoplay-policy=no-user-gesture-required")
     yield driver
     driver.quit()
 
@@ -245,4 +245,26 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
         full, _ = open_tts(site_bundle).create(text, voice="synthetic", noise=NoiseSource(rows=rows), max_frames=frames)
         own = float(full @ ours / np.linalg.norm(full) / np.linalg.norm(ours))  # int8 against fp32, both in Python
         assert cosine >= 0.995 and 1 - cosine < 1 - own, (cosine, own)
+    assert not errors(browser)
+
+
+def test_the_page_speaks_from_its_form_and_plays_as_it_goes(host, browser):
+    """The page's own form: a seed (the page's generator), Speak, frames played through the AudioWorklet as they
+    are decoded; the same seed speaks the same again."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert page(browser, f"{host}/fp32/")["ok"]
+    heard = []
+    for _ in range(2):
+        browser.find_element("id", "text").clear()
+        browser.find_element("id", "text").send_keys("Two sentences. The page speaks them.")
+        browser.find_element("id", "frames").clear()
+        browser.find_element("id", "frames").send_keys("12")  # random weights may never say EOS
+        browser.find_element("id", "go").click()
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_element("id", "progress").text.startswith(("Done", "the", "no")))
+        text = browser.find_element("id", "progress").text
+        assert text.startswith("Done:") and "first audio after" in text, text
+        heard.append(text.split(" in ")[0])
+    assert heard[0] == heard[1] and heard[0].startswith("Done: 12 frames, 1.60 s")  # the same seed, the same speech
+    assert browser.execute_script("return globalThis.vibevoice.audio.context.state") == "running"
     assert not errors(browser)

@@ -234,6 +234,34 @@ async function call(name, feeds) {
 }
 
 const add = (a, b) => a.map((x, i) => f(x + b[i]));
+
+// Noise rows given (frames x 64, as `speak --noise` takes them): frame k's row, or an error past the last.
+function rowsOf(noise) {
+  const rows = ArrayBuffer.isView(noise) ? noise : Float32Array.from(noise.flat()), available = Math.floor(rows.length / 64);
+  return (frame) => {
+    if (frame >= available) throw new Error(`the noise has ${available} rows, but generation reached frame ${frame + 1}`);
+    return rows.subarray(frame * 64, (frame + 1) * 64);
+  };
+}
+
+// Noise from a seed, frame by frame: the page's own generator (xorshift128 and Box-Muller), reproducible in the
+// page but not the Python runtime's numpy stream: for speech equal to Python's, pass its noise rows.
+function seededNoise(seed) {
+  return (frame) => {
+    let a = (seed ^ 0x9e3779b9) >>> 0, b = (frame * 0x85ebca6b + 0x27d4eb2f) >>> 0 || 1, c = 0x165667b1, d = 0xd3a2646c;
+    const next = () => { // xorshift128 on 32-bit words: uniform in (0, 1)
+      const t = a ^ (a << 11); a = b; b = c; c = d; d = (d ^ (d >>> 19) ^ (t ^ (t >>> 8))) >>> 0;
+      return (d + 0.5) / 2 ** 32;
+    };
+    for (let i = 0; i < 8; i++) next();
+    const row = new Float32Array(64);
+    for (let i = 0; i < 64; i += 2) {
+      const radius = Math.sqrt(-2 * Math.log(next())), angle = 2 * Math.PI * next();
+      row[i] = radius * Math.cos(angle); row[i + 1] = radius * Math.sin(angle);
+    }
+    return row;
+  };
+}
 const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64;
 const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
 
@@ -247,12 +275,11 @@ api.normalise = (text) => {
 };
 
 // Speech of `text` with `voice`: the realtime loop (generation/realtime.py's `_latents`), each latent decoded as it
-// comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes; `onAudio(chunk)`
-// is called with each frame's samples. Returns {samples, sampleRate, frames, stopReason}.
-api.speak = async (text, { voice, noise, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
-  if (!noise) throw new Error("the page takes its noise as rows for now (speak's --noise): seeds are the Python runtime's");
-  const rows = ArrayBuffer.isView(noise) ? noise : Float32Array.from(noise.flat());
-  const available = Math.floor(rows.length / LATENT);
+// comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
+// runtime's speech, exactly); else `seed` (the page's own generator; random without one). `onAudio(chunk)` is
+// called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
+api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
+  const noiseOf = noise ? rowsOf(noise) : seededNoise(seed ?? Math.floor(Math.random() * 2 ** 32));
   const ids = api.tokenize(api.normalise(text));
   const tensors = await host(), prompt = await loadVoice(voice ?? api.voices[0]);
   const table = tensors.embed_tokens, width = table.dims[1], types = tensors.tts_input_types.data;
@@ -281,9 +308,7 @@ api.speak = async (text, { voice, noise, maxFrames = null, cfgScale = 1.5, steps
       hPos = await positive.last(lowerHidden.map((x, i) => f(x + textType[i % width])), window.length, width);
     }
     for (let n = 0; n < SPEECH_WINDOW; n++) {
-      if (frames >= available) throw new Error(`the noise has ${available} rows, but generation reached frame ${frames + 1}`);
-      const z = await api.sampleLatent({ positive: hPos, negative: hNeg, noise: rows.subarray(frames * LATENT, (frames + 1) * LATENT),
-                                         cfgScale, steps });
+      const z = await api.sampleLatent({ positive: hPos, negative: hNeg, noise: noiseOf(frames), cfgScale, steps });
       frames += 1;
       const unscaled = z.map((x) => f(f(x / scale) - bias));
       const decoded = await call("acoustic_decoder_stream", { latents: new ort.Tensor("float32", unscaled, [1, 1, LATENT]), ...state });
@@ -304,6 +329,31 @@ api.speak = async (text, { voice, noise, maxFrames = null, cfgScale = 1.5, steps
   const samples = new Float32Array(chunks.reduce((n, c) => n + c.length, 0));
   chunks.reduce((at, c) => { samples.set(c, at); return at + c.length; }, 0);
   return { samples, sampleRate: 24000, frames, stopReason };
+};
+
+// Playback from the first decoded frame: an AudioWorklet at the model's 24 kHz that plays chunks as they arrive.
+const PLAYER = `registerProcessor("vibevoice-player", class extends AudioWorkletProcessor {
+  constructor() { super(); this.queue = []; this.at = 0; this.port.onmessage = (e) => this.queue.push(e.data); }
+  process(_, outputs) {
+    const out = outputs[0][0];
+    for (let i = 0; i < out.length; i++) {
+      while (this.queue.length && this.at >= this.queue[0].length) { this.queue.shift(); this.at = 0; }
+      out[i] = this.queue.length ? this.queue[0][this.at++] : 0;
+    }
+    return true;
+  }
+});`;
+
+api.player = async () => {
+  if (!api.audio) {
+    const context = new AudioContext({ sampleRate: 24000 });
+    await context.audioWorklet.addModule(URL.createObjectURL(new Blob([PLAYER], { type: "text/javascript" })));
+    const node = new AudioWorkletNode(context, "vibevoice-player");
+    node.connect(context.destination);
+    api.audio = { context, play: (chunk) => node.port.postMessage(chunk) };
+  }
+  await api.audio.context.resume();
+  return api.audio;
 };
 
 api.ready = start();
