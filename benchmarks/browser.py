@@ -1,17 +1,19 @@
 """A realtime bundle's graphs in headless Chromium (onnxruntime-web, WASM) against the Python runtime's onnxruntime,
-on the same machine in one run: the site's size, the page's load, each graph's session creation, and each graph's
-call on the inputs a Python generation gave it (median of --repeats, the graph's own time in both), and the
-browser's peak memory.
+on the same machine in one run: the site's size, the page's load, each graph's session creation, each graph's
+call on the inputs a Python generation gave it (median of --repeats, the graph's own time in both), whole
+generations, and the browser's peak memory.
 
     .venv/bin/python benchmarks/browser.py BUNDLE [--threads 2] [--repeats 5] [--json FILE]
 
-Not yet the whole loop (first audio, RTF): the loop in JavaScript comes next; this says what its graphs cost. Uses
+Then the page speaks --frames latents twice (cold, then warm: first audio, seconds, RTF) beside `vibevoice-onnx
+bench` of the same bundle (RTF, first audio cold and warm). Uses
 the tests' Chromium (Debian's chromium and chromedriver, scripts/install-test-system-packages). Not part of CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +37,26 @@ CALLS = """const done = arguments[arguments.length - 1], api = globalThis.vibevo
 (async () => { api.timings[arguments[0]] = [];
   for (let i = 0; i < arguments[3]; i++) await api.run(arguments[0], arguments[1], arguments[2]);
   done(api.timings[arguments[0]]); })().catch((error) => done({error: error.message}));"""
+
+
+SPEAK = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
+(async () => { const runs = [];
+  for (let i = 0; i < 2; i++) { const start = performance.now(); let first = null;
+    const r = await api.speak(arguments[0], {seed: 42, maxFrames: arguments[1], onAudio: () => { first ??= performance.now() - start; }});
+    const seconds = (performance.now() - start) / 1000;
+    runs.push({frames: r.frames, first_audio_seconds: first / 1000, seconds, real_time_factor: seconds / (r.samples.length / r.sampleRate)}); }
+  done(runs); })().catch((error) => done({error: error.message}));"""
+TEXT = "The whole realtime loop runs in this tab, window after window, with nothing computed on a server."
+
+
+def python_bench(bundle: Path, frames: int, threads: int) -> dict:
+    """`vibevoice-onnx bench` of the same bundle: the Python runtime's RTF and first audio, cold and warm."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "bench", str(bundle), "--frames", str(frames),
+                           "--threads", str(threads), "--json"], capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout)["runtime"]
+    return {k: report[k] for k in ("real_time_factor", "first_audio_seconds", "warm_first_audio_seconds", "peak_memory_bytes")}
 
 
 def browser_peak_bytes() -> int:
@@ -77,6 +99,7 @@ def main() -> int:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--threads", type=int, default=2, help="Python's threads; the page takes up to 4")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--frames", type=int, default=24, help="latents the page speaks (twice: cold, then warm)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vibevoice-browser-") as folder:
@@ -106,6 +129,8 @@ def main() -> int:
                 graphs[name]["ratio"] = round(graphs[name]["wasm_ms_median"] / max(graphs[name]["python_ms_median"], 1e-3), 1)
                 print(f"{name:28s} WASM {graphs[name]['wasm_ms_median']:8.2f} ms, Python {graphs[name]['python_ms_median']:7.2f} ms",
                       flush=True)
+            speech = driver.execute_async_script(SPEAK, TEXT, args.frames)
+            print(f"the page speaks {args.frames} frames: {speech}", flush=True)
             peak = browser_peak_bytes()
         finally:
             driver.quit()
@@ -113,7 +138,8 @@ def main() -> int:
     results = {**header(), "bundle": str(args.bundle), "site_bytes": size, "page_ready_seconds": round(ready_seconds, 2),
                "wasm_threads": ready["threads"], "python_threads": args.threads,
                "session_ms": {k: round(v, 1) for k, v in sessions.items()}, "browser_peak_bytes": peak,
-               "graph_calls": graphs,
+               "graph_calls": graphs, "speak_in_the_page": {"text": TEXT, "seed": 42, "runs": speech},
+               "python_bench": python_bench(args.bundle, args.frames, args.threads),
                "note": "each graph's first call in a Python generation (3 latents), replayed; the median leaves out the first call"}
     return print_results(results, args.json)
 
