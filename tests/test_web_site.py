@@ -83,7 +83,8 @@ def test_a_pinned_download_is_checked_when_fetched_and_when_reused(registry, tmp
 
 def test_web_preview_serves_the_site_with_the_isolation_headers_until_stopped(tiny_bundle, tmp_path):
     """`web --preview PORT`: the site on 127.0.0.1 with COOP/COEP and the types modules and WebAssembly need; it
-    stops on SIGINT (Ctrl-C) with exit 0."""
+    stops on SIGINT (Ctrl-C) with exit 0, also where it was started with SIGINT ignored (as a shell's background
+    job, or a test runner's worker, starts it)."""
     import signal
     import subprocess
     import sys
@@ -95,7 +96,8 @@ def test_web_preview_serves_the_site_with_the_isolation_headers_until_stopped(ti
     port = free_port()
     bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
     process = subprocess.Popen([sys.executable, "-m", "vibevoice_onnx.cli", "web", str(bundle), "-o", str(tmp_path / "site"),
-                                "--preview", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--preview", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline, answered = time.monotonic() + 120, {}
         while time.monotonic() < deadline and not answered:

@@ -198,6 +198,13 @@ def cmd_web(args) -> int:
                       log=lambda line: print(line, file=sys.stderr, flush=True))
     print(site, flush=True)
     if args.preview is not None:
+        import signal
+
+        def stop(signum, frame):  # set here: a shell that started it in the background may have it ignore SIGINT
+            raise KeyboardInterrupt
+
+        for stopping in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stopping, stop)
         server = site_server(site, args.preview)
         print(f"serving {site} at http://127.0.0.1:{server.server_address[1]}/ (this machine only; Ctrl-C stops)",
               file=sys.stderr, flush=True)

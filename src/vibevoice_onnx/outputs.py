@@ -8,6 +8,7 @@ loss) leaves one, and the PID in its name lets a later run tell a dead writer's 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -243,3 +244,12 @@ def _swap_in(partial: Path, target: Path) -> None:
         os.replace(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256 (hex), read in blocks: what bundle manifests record and pinned downloads are checked by."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(16 * 2**20):
+            digest.update(block)
+    return digest.hexdigest()

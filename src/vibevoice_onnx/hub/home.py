@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import VibeVoiceError
-from ..outputs import atomic_file
+from ..outputs import atomic_file, file_sha256
 
 HOME_ENV = "VIBEVOICE_ONNX_HOME"
 MAX_DOWNLOAD_BYTES = 256 * 2**20  # a voice preset is ~1-3 MB, a voice sample a few MB: anything larger is refused
@@ -46,7 +46,7 @@ def fetch_url(url: str, timeout: float = 30.0, sha256: str | None = None, limit:
     name = _SAFE_NAME.sub("_", Path(urllib.parse.urlparse(url).path).name) or "download"
     target = home() / "downloads" / hashlib.sha256(url.encode()).hexdigest()[:16] / name
     if target.is_file():
-        if sha256 is None or _sha256(target) == sha256:
+        if sha256 is None or file_sha256(target) == sha256:
             return target
         target.unlink()  # changed since it was checked: fetched again, and checked again
     if offline():
@@ -73,12 +73,6 @@ def fetch_url(url: str, timeout: float = 30.0, sha256: str | None = None, limit:
         reason = getattr(e, "reason", e)
         raise VibeVoiceError(f"{url}: cannot be downloaded ({reason})") from None
     return target
-
-
-def _sha256(path: Path) -> str:
-    from ..runtime.bundle import file_record
-
-    return file_record(path)["sha256"]
 
 
 def local_file(spec: str | Path) -> Path:

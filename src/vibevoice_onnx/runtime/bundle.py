@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from functools import cached_property
@@ -84,11 +83,9 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def file_record(path: Path) -> dict:
     """A file's size and sha256, as the manifest's `files` record keeps them."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(16 * 2**20):
-            digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    from ..outputs import file_sha256
+
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def bundle_files(root: Path) -> list[str]:
