@@ -268,3 +268,30 @@ def test_the_page_speaks_from_its_form_and_plays_as_it_goes(host, browser):
     assert heard[0] == heard[1] and heard[0].startswith("Done: 12 frames, 1.60 s")  # the same seed, the same speech
     assert browser.execute_script("return globalThis.vibevoice.audio.context.state") == "running"
     assert not errors(browser)
+
+
+def test_text_streamed_into_the_page_speaks_as_the_whole_text(host, browser, site_bundle):
+    """`speakStream`: the text fed in pieces (split mid-word, in whitespace runs, with the demo's quotes) while the
+    loop runs gives the whole text's ids (Python's encode_tts_text) and the whole text's speech, sample for sample."""
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.text import encode_tts_text
+
+    assert page(browser, f"{host}/fp32/")["ok"]
+    text = "  Streamed \u201ctext\u201d, split   anywhere: mid-wo" + "rd, in spaces, and at the very end. "
+    pieces = [text[i:i + 7] for i in range(0, len(text), 7)]
+    result = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1], [text, pieces] = arguments, api = globalThis.vibevoice;
+        (async () => {
+          const options = {voice: "synthetic", seed: 9, maxFrames: 20};
+          const whole = await api.speak(text, options);
+          const stream = api.speakStream(options);
+          for (const piece of pieces) { stream.feed(piece); await new Promise((r) => setTimeout(r, 5)); }
+          stream.finish();
+          const streamed = await stream.done;
+          done({ids: stream.ids(), same: whole.samples.length === streamed.samples.length &&
+                  whole.samples.every((x, i) => x === streamed.samples[i]), frames: streamed.frames});
+        })().catch((e) => done({error: e.message}));
+        """, text, pieces)
+    assert "error" not in result, result
+    assert result["ids"] == encode_tts_text(Bundle(site_bundle).tokenizer, text)
+    assert result["same"] and result["frames"] == 20

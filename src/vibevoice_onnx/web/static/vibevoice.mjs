@@ -278,9 +278,59 @@ api.normalise = (text) => {
 // comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
 // runtime's speech, exactly); else `seed` (the page's own generator; random without one). `onAudio(chunk)` is
 // called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
+// Text that arrives in pieces (an LLM's tokens), handed to the loop as 5-token windows, with the ids of the whole
+// text whatever the split (text.TextFeed's rule): a token is settled once it ends before the last whitespace run
+// that has text after it, where the tokenizer's pre-tokens cannot change whatever comes next.
+class TextFeed {
+  constructor() { this.text = ""; this.ids = []; this.handed = 0; this.finished = false; this.wake = () => {}; }
+
+  feed(piece) {
+    if (this.finished) throw new Error("this text is already finished: no more pieces can be added");
+    this.text += String(piece).replace(CONTROLS, "");
+    const prepared = this.text.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"').trimStart();
+    const end = prepared.trimEnd().length;
+    let cut = -1;
+    for (let i = end - 1; i >= 0; i--) if (/\s/.test(prepared[i])) { cut = i; break; }
+    if (cut >= 0) {
+      while (cut > 0 && /\s/.test(prepared[cut - 1])) cut -= 1;
+      this.extend(api.tokenize(prepared.slice(0, cut)));
+    }
+    this.wake();
+  }
+
+  finish() {
+    if (this.finished) return;
+    this.extend(api.tokenize(api.normalise(this.text)));
+    this.finished = true;
+    this.wake();
+  }
+
+  extend(ids) {
+    if (ids.length <= this.ids.length) return;
+    if (this.ids.some((id, i) => ids[i] !== id)) throw new Error("streamed text tokenised differently from the whole text");
+    this.ids = ids;
+  }
+
+  async window() { // the next window, once there is one: [] when the text is finished and all handed out
+    while (!this.finished && this.ids.length - this.handed < TEXT_WINDOW) await new Promise((resolve) => { this.wake = resolve; });
+    const window = this.ids.slice(this.handed, this.handed + TEXT_WINDOW);
+    this.handed += window.length;
+    return window;
+  }
+}
+
+// Speech of text that streams in: {feed(piece), finish(), done} where `done` is speak's promise; audio leaves
+// through onAudio as it is decoded, and the loop waits for each window as the Python runtime's text_stream does.
+api.speakStream = (options = {}) => {
+  const text = new TextFeed();
+  return { feed: (piece) => text.feed(piece), finish: () => text.finish(), ids: () => text.ids.slice(),
+           done: api.speak(text, options) };
+};
+
 api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
   const noiseOf = noise ? rowsOf(noise) : seededNoise(seed ?? Math.floor(Math.random() * 2 ** 32));
-  const ids = api.tokenize(api.normalise(text));
+  const feed = text instanceof TextFeed ? text : null;
+  const ids = feed ? null : api.tokenize(api.normalise(text));
   const tensors = await host(), prompt = await loadVoice(voice ?? api.voices[0]);
   const table = tensors.embed_tokens, width = table.dims[1], types = tensors.tts_input_types.data;
   const scale = tensors.speech_scaling_factor.data[0], bias = tensors.speech_bias_factor.data[0];
@@ -299,9 +349,11 @@ api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5,
     window.forEach((id, i) => out.set(table.data.subarray(id * width, (id + 1) * width), i * width));
     return out;
   };
+  let textLeft = true;
   while (stopReason === null) {
-    const window = ids.slice(offset, offset + TEXT_WINDOW);
+    const window = !textLeft ? [] : feed ? await feed.window() : ids.slice(offset, offset + TEXT_WINDOW);
     offset += window.length;
+    textLeft = window.length > 0;
     if (window.length) {
       if (positive.length + window.length > maxPositions) { stopReason = "max_length"; break; }
       const lowerHidden = await lower.step(embed(window), window.length, width);
