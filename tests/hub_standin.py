@@ -38,11 +38,9 @@ def repo_files(folder: Path) -> dict[str, Path]:
 
 
 def file_etag(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(2**20):
-            digest.update(block)
-    return digest.hexdigest()
+    from vibevoice_onnx.outputs import file_sha256
+
+    return file_sha256(path)
 
 
 class StandInHub:

@@ -206,8 +206,8 @@ def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int
         theirs = np.asarray(theirs, np.float64)
         cosine = float(theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours))
         difference = float(np.abs(theirs - ours).max() / np.abs(ours).max())
-        limit = {"fp32": (1e-4, 0.99999), "int8": (5e-2, 0.999)}[precision]
-        assert difference <= limit[0] and cosine >= limit[1], (steps, cfg, difference, cosine)
+        largest, lowest = LIMITS[precision]
+        assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

@@ -46,6 +46,23 @@ def test_web_writes_the_bundle_the_scripts_and_a_record_and_keeps_a_folder_it_di
     assert not (site / "mine.txt").exists()
 
 
+def test_the_site_records_speaks_refusals_without_force_which_a_page_cannot_pass(tiny_bundle, tmp_path):
+    """The page refuses what `speak` refuses, in its sentence less the --force it has no way to give: a bundle
+    whose gates failed, and a reduced-precision one never verified."""
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.web.site import site_record
+
+    for name, change, words in (("failed", {"parity": {"passed": False, "gates": [{"name": "upper_lm", "passed": False}]}},
+                                 "failed its parity gates (upper_lm)"),
+                                ("unverified", {"parity": None, "precision": "int8"}, "has not been verified")):
+        bundle = copy_bundle(tiny_bundle, tmp_path / name)
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        (bundle / "manifest.json").write_text(json.dumps({**manifest, **change}))
+        refused = site_record(Bundle(bundle))["refused"]
+        assert words in refused and "--force" not in refused, refused
+        assert "--force" in Bundle(bundle).unusable()  # speak's own sentence says how to override it
+
+
 @pytest.fixture
 def registry(tmp_path):
     """A stand-in for the npm registry on 127.0.0.1: serves the files of a folder."""

@@ -265,14 +265,23 @@ class Bundle:
         a bundle whose gates failed, and a reduced-precision one whose closed loop has not run (a quantized
         graph that passes its own gate can still ruin generation once its errors feed back). Callers skip it
         when asked to (--force, force=True)."""
+        problem = self.unusable()
+        if problem is not None:
+            raise BundleError(problem)
+
+    def unusable(self, forcible: bool = True) -> str | None:
+        """Why require_usable refuses the bundle (None: it does not); `forcible`: with how --force overrides it,
+        which a caller without that option (the browser's page) leaves out."""
         parity, precision = self.info.parity, self.info.precision
         if parity and not parity.get("passed"):
             failed = ", ".join(g["name"] for g in parity["gates"] if not g["passed"])
-            raise BundleError(f"{self.path}: failed its parity gates ({failed}), so it is not usable; "
-                              "pass --force (force=True) to use it anyway")
+            return (f"{self.path}: failed its parity gates ({failed}), so it is not usable"
+                    + ("; pass --force (force=True) to use it anyway" if forcible else ""))
         if not parity and precision != "fp32":
-            raise BundleError(f"{self.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
-                              f"{self.path}` first (its closed loop must pass), or pass --force (force=True)")
+            return (f"{self.path}: this {precision} bundle has not been verified; run `vibevoice-onnx verify "
+                    f"{self.path}` first (its closed loop must pass)"
+                    + (", or pass --force (force=True)" if forcible else ""))
+        return None
 
     def check_files(self) -> None:
         """Every file of the bundle is the one its manifest records (size and sha256), and no file is there that

@@ -32,7 +32,8 @@ def first_calls(bundle: Path, frames: int = 3, text: str = TEXT) -> dict[str, tu
         inputs = {name: np.array(host(value)) for name, value in feeds.items()}
         outputs = run(self, output_names, feeds, keep, into)
         if self.name not in calls:
-            names = [n for n in self.output_names if n not in (into or {})] if output_names is None else list(output_names)
+            names = list(output_names) if output_names is not None else [n for n in self.output_names
+                                                                         if n not in (into or {})]
             calls[self.name] = (inputs, {n: np.array(host(v)) for n, v in zip(names, outputs)})
         return outputs
 

@@ -24,7 +24,8 @@ ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-
 
 
 def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> Path:
-    """The site for the bundle at `bundle_dir` (a kind whose loop runs in the browser: realtime), written into `out` (new or empty; `force`: replaced)."""
+    """The site for the bundle at `bundle_dir` (a kind whose loop runs in the browser: realtime), written into
+    `out` (new or empty; `force`: replaced)."""
     bundle = Bundle(Path(bundle_dir))
     bundle.require_kind(*kinds_that(in_browser=True))
     bundle.check_files()  # what the page is given is what was built and verified
@@ -48,15 +49,11 @@ def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> P
 def site_record(bundle: Bundle) -> dict:
     """What the page reads first: the bundle, its gates and whether `speak` would refuse it, the voices (a static
     host cannot list a folder) and the JavaScript's versions."""
-    try:
-        bundle.require_usable()
-        refused = None
-    except VibeVoiceError as e:
-        refused = str(e).split("; pass --force")[0]  # the page has no --force
     parity = bundle.info.parity
     return {"bundle": BUNDLE_FOLDER, "kind": bundle.kind, "precision": bundle.info.precision,
             "gates": "not verified" if not parity else "passed" if parity["passed"] else "failed",
-            "refused": refused, "voices": bundle.voices(), "max_positions": bundle.dims.tts_lm.max_positions,
+            "refused": bundle.unusable(forcible=False),  # speak's sentence, less --force: the page has none
+            "voices": bundle.voices(), "max_positions": bundle.dims.tts_lm.max_positions,
             "graphs": {name: {"file": graph["file"], "data": external_data(bundle.path, graph["file"])}
                        for name, graph in bundle.info.graphs.items()},
             "packages": {p.name: p.version for p in PACKAGES}}

@@ -1,12 +1,10 @@
-// VibeVoice-Realtime in the browser, on onnxruntime-web (WASM). `globalThis.vibevoice` is the scriptable API:
+// VibeVoice-Realtime in the browser, on onnxruntime-web (WASM). `globalThis.vibevoice` is the scriptable API
+// (docs/browser.md lists every member):
 //   ready      a promise of the API once the site's record, the manifest and the tokenizer are in; rejected,
-//              with the sentence `speak` would give, for a bundle that failed its gates
-//   voices     the bundle's voices
-//   tokenize(text) -> token ids, as the Python runtime's tokenizer gives them (no special tokens)
-//   run(graph, feeds, fetches) -> outputs: one call of one of the bundle's graphs; feeds and outputs in the wire
-//              form {name: {type, dims, data: base64}} that the parity tests send (types: float32, int64, int32)
-//   timings    {graph: [ms of each session.run]}: the graphs' own time, without the wire's conversions
-// The generation loop itself (speak, streamed text) comes next; its contract is a parity gate against Python.
+//              with the sentence `speak` would give, for a bundle it may not run
+//   speak(text, options), speakStream(options): the realtime loop in the tab, whole text or text in pieces
+//   tokenize, normalise, schedule, sampleLatent, run, session, player, timings: its pieces, each gated against
+//              the Python runtime in a real browser (tests/test_browser_site.py)
 import * as ort from "./ort/ort.wasm.min.mjs";
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
@@ -56,12 +54,16 @@ function toWire(tensor) {
   return { type: tensor.type, dims: Array.from(tensor.dims), data: btoa(text) };
 }
 
-api.run = async (name, feeds, fetches) => {
-  const session = await api.session(name);
-  const inputs = Object.fromEntries(Object.entries(feeds).map(([key, value]) => [key, fromWire(value)]));
-  const start = performance.now();
-  const outputs = await session.run(inputs, fetches);
+// One call of graph `name`, its session.run time kept in api.timings.
+async function call(name, feeds, fetches) {
+  const session = await api.session(name), start = performance.now(), outputs = await session.run(feeds, fetches);
   (api.timings[name] ??= []).push(performance.now() - start);
+  return outputs;
+}
+
+api.run = async (name, feeds, fetches) => {
+  const inputs = Object.fromEntries(Object.entries(feeds).map(([key, value]) => [key, fromWire(value)]));
+  const outputs = await call(name, inputs, fetches);
   return Object.fromEntries(Object.entries(outputs).map(([key, value]) => [key, toWire(value)]));
 };
 
@@ -112,14 +114,13 @@ api.sampleLatent = async ({ positive, negative, noise, cfgScale, steps }) => {
     condition.set(positive, 2 * k * width); condition.set(negative, (2 * k + 1) * width);
     times[2 * k] = times[2 * k + 1] = t;
   });
-  const conditioning = await api.session("diffusion_head_conditioning");
-  const { modulation } = await conditioning.run({ timesteps: new ort.Tensor("float32", times, [2 * steps]),
+  const { modulation } = await call("diffusion_head_conditioning", { timesteps: new ort.Tensor("float32", times, [2 * steps]),
     condition: new ort.Tensor("float32", condition, [2 * steps, width]) });
-  const rows = modulation.dims[1], head = await api.session("diffusion_head_step");
+  const rows = modulation.dims[1];
   let x = Float32Array.from(noise), previous = null;
   for (let k = 0; k < steps; k++) {
     const noisy = new Float32Array(2 * size); noisy.set(x); noisy.set(x, size);
-    const { velocity } = await head.run({ noisy_latents: new ort.Tensor("float32", noisy, [2, size]),
+    const { velocity } = await call("diffusion_head_step", { noisy_latents: new ort.Tensor("float32", noisy, [2, size]),
       modulation: new ort.Tensor("float32", modulation.data.subarray(2 * k * rows, (2 * k + 2) * rows), [2, rows]) });
     const [alpha, sigmaHat] = alphaSigma(sigmas, k), x0 = new Float32Array(size);
     for (let i = 0; i < size; i++) {
@@ -215,8 +216,7 @@ class LmStream {
       seqlens_k: new ort.Tensor("int32", Int32Array.of(this.length + count - 1), [1]),
       total_sequence_length: new ort.Tensor("int32", Int32Array.of(this.length + count), []) };
     session.inputNames.slice(4).forEach((name, i) => { feeds[name] = this.past[i]; });
-    const start = performance.now(), outputs = await session.run(feeds);
-    (api.timings[this.name] ??= []).push(performance.now() - start);
+    const outputs = await call(this.name, feeds);
     this.past = session.outputNames.slice(1).map((name) => outputs[name]);
     this.length += count;
     return outputs[session.outputNames[0]].data;
@@ -227,20 +227,18 @@ class LmStream {
   }
 }
 
-async function call(name, feeds) {
-  const session = await api.session(name), start = performance.now(), outputs = await session.run(feeds);
-  (api.timings[name] ??= []).push(performance.now() - start);
-  return outputs;
-}
-
 const add = (a, b) => a.map((x, i) => f(x + b[i]));
+const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64;
+const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
+// The demo's quotes, as the Python runtime replaces them (text._QUOTES).
+const withQuotes = (text) => text.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"');
 
 // Noise rows given (frames x 64, as `speak --noise` takes them): frame k's row, or an error past the last.
 function rowsOf(noise) {
-  const rows = ArrayBuffer.isView(noise) ? noise : Float32Array.from(noise.flat()), available = Math.floor(rows.length / 64);
+  const rows = ArrayBuffer.isView(noise) ? noise : Float32Array.from(noise.flat()), available = Math.floor(rows.length / LATENT);
   return (frame) => {
     if (frame >= available) throw new Error(`the noise has ${available} rows, but generation reached frame ${frame + 1}`);
-    return rows.subarray(frame * 64, (frame + 1) * 64);
+    return rows.subarray(frame * LATENT, (frame + 1) * LATENT);
   };
 }
 
@@ -254,30 +252,23 @@ function seededNoise(seed) {
       return (d + 0.5) / 2 ** 32;
     };
     for (let i = 0; i < 8; i++) next();
-    const row = new Float32Array(64);
-    for (let i = 0; i < 64; i += 2) {
+    const row = new Float32Array(LATENT);
+    for (let i = 0; i < LATENT; i += 2) {
       const radius = Math.sqrt(-2 * Math.log(next())), angle = 2 * Math.PI * next();
       row[i] = radius * Math.cos(angle); row[i + 1] = radius * Math.sin(angle);
     }
     return row;
   };
 }
-const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64;
-const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
 
 // The text as the Python runtime reads it (text.normalise_tts_text): controls out, stripped, the demo's quotes
 // replaced, stripped, a newline after.
 api.normalise = (text) => {
-  let out = text.replace(CONTROLS, "").trim();
-  out = out.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"').trim();
+  const out = withQuotes(text.replace(CONTROLS, "").trim()).trim();
   if (!out) throw new Error("the text has nothing to speak (it is empty, or only whitespace and control characters)");
   return `${out}\n`;
 };
 
-// Speech of `text` with `voice`: the realtime loop (generation/realtime.py's `_latents`), each latent decoded as it
-// comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
-// runtime's speech, exactly); else `seed` (the page's own generator; random without one). `onAudio(chunk)` is
-// called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
 // Text that arrives in pieces (an LLM's tokens), handed to the loop as 5-token windows, with the ids of the whole
 // text whatever the split (text.TextFeed's rule): a token is settled once it ends before the last whitespace run
 // that has text after it, where the tokenizer's pre-tokens cannot change whatever comes next.
@@ -287,7 +278,7 @@ class TextFeed {
   feed(piece) {
     if (this.finished) throw new Error("this text is already finished: no more pieces can be added");
     this.text += String(piece).replace(CONTROLS, "");
-    const prepared = this.text.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"').trimStart();
+    const prepared = withQuotes(this.text).trimStart();
     const end = prepared.trimEnd().length;
     let cut = -1;
     for (let i = end - 1; i >= 0; i--) if (/\s/.test(prepared[i])) { cut = i; break; }
@@ -327,6 +318,10 @@ api.speakStream = (options = {}) => {
            done: api.speak(text, options) };
 };
 
+// Speech of `text` with `voice`: the realtime loop (generation/realtime.py's `_latents`), each latent decoded as it
+// comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
+// runtime's speech, exactly); else `seed` (the page's own generator; random without one). `onAudio(chunk)` is
+// called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
 api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
   const noiseOf = noise ? rowsOf(noise) : seededNoise(seed ?? Math.floor(Math.random() * 2 ** 32));
   const feed = text instanceof TextFeed ? text : null;
