@@ -215,8 +215,8 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
                                                                 tmp_path):
     """The whole loop in JavaScript (text windows, both LMs and their caches, CFG, the sampler, the connector, EOS,
     the streaming decoder) against the Python runtime on the same text, voice and noise rows (`speak --noise`):
-    the same frame count; fp32: the samples at cosine 0.999 or more (measured 1 - 6e-8, max|Δ| 1.2e-6). int8: the
-    8-bit products round their activations to int8 on x86 and not in WASM, and the closed loop carries that on
+    the same frame count; fp32: the samples at cosine 0.999 or more (measured 1.0000000 to seven places, max|Δ|
+    1.2e-6). int8: the 8-bit products round their activations to int8 on x86 and not in WASM, and the loop carries that on
     (measured 0.9984 over 14 latents, under the issue's 0.999): the page's audio must stay at 0.995 or more, and
     nearer Python's int8 audio than that is to Python's fp32 audio (measured 0.9963): the browser adds less than
     int8 itself does."""
