@@ -137,3 +137,15 @@ def test_web_preview_serves_the_site_with_the_isolation_headers_until_stopped(ti
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_web_preview_refuses_a_port_it_cannot_listen_on_in_one_sentence(tiny_bundle, tmp_path):
+    import socket
+
+    bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for port, words in ((taken.getsockname()[1], "cannot listen there"), (99999, "from 0 to 65535")):
+            done = cli_run("web", str(bundle), "-o", str(tmp_path / "site"), "--force", "--preview", str(port))
+            assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr

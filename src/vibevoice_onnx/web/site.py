@@ -96,4 +96,10 @@ class IsolatedHandler(http.server.SimpleHTTPRequestHandler):
 
 def site_server(site: Path, port: int, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
     """A local static server for `site` (port 0: any free one); serve_forever() runs it."""
-    return http.server.ThreadingHTTPServer((host, port), functools.partial(IsolatedHandler, directory=str(site)))
+    if not 0 <= port <= 65535:
+        raise VibeVoiceError(f"port {port}: a port is a number from 0 to 65535 (0: any free one)")
+    try:
+        return http.server.ThreadingHTTPServer((host, port), functools.partial(IsolatedHandler, directory=str(site)))
+    except OSError as e:
+        raise VibeVoiceError(f"{host}:{port}: cannot listen there ({e.strerror or e}); give another port, or 0 for "
+                             "any free one") from None
