@@ -74,9 +74,15 @@ def host(site_bundle, int8_bundle, tmp_path_factory):
     thread.join(timeout=10)
 
 
+# WebGPU on SwiftShader, Chromium's own Vulkan on the CPU: onnxruntime-web's WebGPU kernels (its WGSL shaders) run
+# for real, without a GPU. A software adapter, so the page's own choice stays WASM unless ?provider=webgpu asks.
+WEBGPU_ON_CPU = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan")
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT, "--autoplay-policy=no-user-gesture-required")
+    driver = chromium(tmp_path_factory.mktemp("chromium"), WAIT, "--autoplay-policy=no-user-gesture-required",
+                      *WEBGPU_ON_CPU)
     yield driver
     driver.quit()
 
@@ -88,7 +94,7 @@ def page(browser, url: str):
         const done = arguments[arguments.length - 1];
         const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then(
             (api) => done({ok: true, threads: api.threads, isolated: globalThis.crossOriginIsolated, voices: api.voices,
-                           gates: api.site.gates}),
+                           gates: api.site.gates, provider: api.provider, adapter: api.adapter}),
             (error) => done({ok: false, message: error.message})) : setTimeout(wait, 50);
         wait();""")
 
@@ -103,9 +109,11 @@ def test_the_page_loads_the_bundle_cross_origin_isolated(host, browser, site_bun
     state = page(browser, f"{host}/fp32/")
     assert state["ok"], state
     assert state["isolated"] is True and state["threads"] > 1  # the headers reach the page: WASM threads
+    assert state["provider"] == "wasm" and state["adapter"]["software"] is True  # SwiftShader: not chosen
     assert state["gates"] == "not verified" and Bundle(site_bundle).info.parity is None  # fp32: usable unverified
     assert state["voices"] == Bundle(site_bundle).voices() == ["synthetic"]
     assert browser.find_element("id", "status").text == "Ready."
+    assert browser.find_element("id", "provider").text.startswith(f"WASM on {state['threads']} threads; ?provider=webgpu")
     assert not errors(browser)
 
 
@@ -114,6 +122,53 @@ def test_the_page_refuses_a_bundle_that_failed_its_gates_as_speak_does(host, bro
     assert not state["ok"]
     assert "failed its parity gates" in state["message"] and "--force" not in state["message"]
     assert browser.find_element("id", "status").text == state["message"]
+
+
+def test_the_page_runs_on_the_provider_asked_for(host, browser):
+    state = page(browser, f"{host}/fp32/?provider=webgpu")
+    assert state["ok"] and state["provider"] == "webgpu" and state["adapter"]["architecture"] == "swiftshader"
+    assert browser.find_element("id", "provider").text.startswith("WebGPU (google swiftshader), WASM on ")
+    assert page(browser, f"{host}/fp32/?provider=wasm")["provider"] == "wasm"
+    state = page(browser, f"{host}/fp32/?provider=webgl")
+    assert not state["ok"] and state["message"] == "?provider=webgl: the page runs on wasm or webgpu"
+    assert browser.find_element("id", "status").text == state["message"]
+
+
+# onnxruntime keeps shape arithmetic on the CPU whatever the provider.
+SHAPE_OPS = {"Shape", "Squeeze", "Unsqueeze", "Reshape", "Mul", "Gather", "Concat", "Slice", "Cast"}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_on_webgpu_only_the_int8_decoders_products_fall_back_to_wasm(host, browser, site_bundle, int8_bundle,
+                                                                      precision):
+    """Where onnxruntime-web places each graph's nodes on WebGPU: the LMs (GroupQueryAttention, 8-bit MatMulNBits
+    at int8), the head, the connector and the EOS classifier wholly on WebGPU; in the decoder, WASM runs shape
+    arithmetic and, at int8, its dynamic-int8 products (MatMulInteger and DynamicQuantizeLinear, which have no
+    WebGPU kernel), one of each per product the graph holds."""
+    import onnx
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    bundle = Bundle({"fp32": site_bundle, "int8": int8_bundle}[precision])
+    assert page(browser, f"{host}/{precision}/?provider=webgpu")["ok"]
+    placed = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
+        (async () => { const out = {};
+          for (const name of Object.keys(api.site.graphs)) out[name] = await api.placement(name);
+          done(out); })().catch((e) => done({error: e.message}));""")
+    assert "error" not in placed, placed
+    assert set(placed) == set(bundle.info.graphs)
+    for name, providers in placed.items():
+        if name != "acoustic_decoder_stream":
+            assert list(providers) == ["WebGpuExecutionProvider"], (name, providers)
+    decoder = placed["acoustic_decoder_stream"]
+    assert decoder["WebGpuExecutionProvider"]["nodes"] > decoder["CPUExecutionProvider"]["nodes"]
+    on_wasm = {op: n for op, n in decoder["CPUExecutionProvider"]["ops"].items() if op not in SHAPE_OPS}
+    graph = onnx.load(bundle.path / bundle.info.graphs["acoustic_decoder_stream"]["file"], load_external_data=False)
+    products = sum(node.op_type == "MatMulInteger" for node in graph.graph.node)
+    assert (products > 0) == (precision == "int8")
+    assert on_wasm == ({"MatMulInteger": products, "DynamicQuantizeLinear": products} if products else {}), decoder
+    assert not errors(browser)
 
 
 def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundle):
@@ -128,23 +183,27 @@ def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundl
         assert js == py, text
 
 
-# The largest difference against the output's scale, and the cosine, each graph call may show. fp32: only the
-# order of sums differs (measured 8.6e-7, cosine 1 - 2e-13). int8: the dynamic-int8 decoder agrees as closely, the
-# 8-bit MatMulNBits graphs (LMs, head) do not: their int8 activation rounding (accuracy level 4) is the x86
-# kernels' and not WASM's, so an activation lands a quantization step away (measured 0.025 of scale, cosine 0.99977,
-# the head's step; 2x room in each).
-LIMITS = {"fp32": (1e-4, 0.99999), "int8": (5e-2, 0.999)}
+# The largest difference against the output's scale, and the cosine, each graph call may show. fp32 on WASM: only
+# the order of sums differs (measured 8.6e-7, cosine 1 - 2e-13); on WebGPU (SwiftShader) the head's conditioning
+# differs most (6.6e-5: WGSL's sin and cos, in the timestep embedding, are looser than libm's). int8: the
+# dynamic-int8 decoder agrees as closely, the 8-bit MatMulNBits graphs (LMs, head) do not: their int8 activation
+# rounding (accuracy level 4) is the x86 kernels' and not WASM's or WebGPU's, so an activation lands a
+# quantization step away (measured 0.025 of scale, cosine 0.99977, the head's step, on both; 2x room in each).
+LIMITS = {("wasm", "fp32"): (1e-4, 0.99999), ("webgpu", "fp32"): (2e-4, 0.99999), ("wasm", "int8"): (5e-2, 0.999),
+          ("webgpu", "int8"): (5e-2, 0.999)}
 
 
+@pytest.mark.parametrize("provider", ["wasm", "webgpu"])
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser, site_bundle, int8_bundle, precision):
+def test_every_graph_of_the_loop_gives_the_python_outputs(host, browser, site_bundle, int8_bundle, precision,
+                                                          provider):
     """The loop's graphs, each fed what a Python generation fed it, on onnxruntime-web: the same outputs (the
     largest difference against the output's scale, and the cosine, within LIMITS)."""
     from vibevoice_onnx.runtime.bundle import Bundle
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
-    largest, lowest = LIMITS[precision]
-    assert page(browser, f"{host}/{precision}/")["ok"]
+    largest, lowest = LIMITS[provider, precision]
+    assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
     calls = first_calls(bundle)
     assert set(calls) == set(Bundle(bundle).info.graphs)  # every graph the bundle has, the loop called
     measured = {}
@@ -162,7 +221,7 @@ def test_every_graph_of_the_loop_gives_the_python_outputs_on_wasm(host, browser,
             if expected.size > 1 and np.linalg.norm(expected) > 0:
                 cosine = float(got.ravel() @ expected.ravel() / np.linalg.norm(got) / np.linalg.norm(expected))
             measured[f"{name}.{output}"] = (float(np.abs(got - expected).max()) / scale, cosine)
-    print(precision, json.dumps(measured))
+    print(provider, precision, json.dumps(measured))
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
     assert not errors(browser)
 
@@ -206,13 +265,14 @@ def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int
         theirs = np.asarray(theirs, np.float64)
         cosine = float(theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours))
         difference = float(np.abs(theirs - ours).max() / np.abs(ours).max())
-        largest, lowest = LIMITS[precision]
+        largest, lowest = LIMITS["wasm", precision]
         assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
 
 
+@pytest.mark.parametrize("provider", ["wasm", "webgpu"])
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, site_bundle, int8_bundle, precision,
-                                                                tmp_path):
+                                                                provider):
     """The whole loop in JavaScript (text windows, both LMs and their caches, CFG, the sampler, the connector, EOS,
     the streaming decoder) against the Python runtime on the same text, voice and noise rows (`speak --noise`):
     the same frame count; fp32: the samples at cosine 0.999 or more (measured 1.0000000 to seven places, max|Δ|
@@ -224,7 +284,7 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
     from vibevoice_onnx.sampling import NoiseSource
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
-    assert page(browser, f"{host}/{precision}/")["ok"]
+    assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
     text, frames = "The page speaks \u201cas Python does\u201d, window after window.", 14
     rows = np.random.default_rng(5).standard_normal((frames, 64)).astype(np.float32)
     model = open_tts(bundle)
@@ -245,6 +305,7 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
         full, _ = open_tts(site_bundle).create(text, voice="synthetic", noise=NoiseSource(rows=rows), max_frames=frames)
         own = float(full @ ours / np.linalg.norm(full) / np.linalg.norm(ours))  # int8 against fp32, both in Python
         assert cosine >= 0.995 and 1 - cosine < 1 - own, (cosine, own)
+    print(provider, precision, f"cosine {cosine:.7f}", f"max|Δ| {np.abs(samples - ours).max():.2e}")
     assert not errors(browser)
 
 

@@ -27,12 +27,17 @@ class Package:
 
 # onnxruntime-web's WASM build: the CPU provider compiled to WebAssembly (SIMD, threads where the page is
 # cross-origin isolated), with the contrib operators the bundles use (GroupQueryAttention, MatMulNBits,
-# DynamicQuantizeMatMul, SimplifiedLayerNormalization).
+# DynamicQuantizeMatMul, SimplifiedLayerNormalization); and its WebGPU build (the C++ WebGPU provider, with the CPU
+# provider for the nodes WebGPU has no kernel for, in an asyncify WebAssembly), which the page loads instead where
+# it runs on WebGPU.
 ONNXRUNTIME_WEB = Package("onnxruntime-web", "1.31.1",
                           "bdccdb9fbb9ab537247c0c734e9b1d2b1b338b4f2a09faa58f0dc1cfa27c312c",
                           (("dist/ort.wasm.min.mjs", "ort/ort.wasm.min.mjs"),
                            ("dist/ort-wasm-simd-threaded.mjs", "ort/ort-wasm-simd-threaded.mjs"),
                            ("dist/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.wasm"),
+                           ("dist/ort.webgpu.min.mjs", "ort/ort.webgpu.min.mjs"),
+                           ("dist/ort-wasm-simd-threaded.asyncify.mjs", "ort/ort-wasm-simd-threaded.asyncify.mjs"),
+                           ("dist/ort-wasm-simd-threaded.asyncify.wasm", "ort/ort-wasm-simd-threaded.asyncify.wasm"),
                            ("package.json", "ort/package.json")))  # its licence (MIT) is named there: no LICENSE file
 # Hugging Face's tokenizers in plain JavaScript: reads the bundle's tokenizer.json as the Python `tokenizers` does.
 TOKENIZERS = Package("@huggingface/tokenizers", "0.2.0",

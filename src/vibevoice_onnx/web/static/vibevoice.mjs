@@ -1,15 +1,31 @@
-// VibeVoice-Realtime in the browser, on onnxruntime-web (WASM). `globalThis.vibevoice` is the scriptable API
-// (docs/browser.md lists every member):
+// VibeVoice-Realtime in the browser, on onnxruntime-web (WebGPU where the browser offers a GPU adapter, else WASM).
+// `globalThis.vibevoice` is the scriptable API (docs/browser.md lists every member):
 //   ready      a promise of the API once the site's record, the manifest and the tokenizer are in; rejected,
 //              with the sentence `speak` would give, for a bundle it may not run
 //   speak(text, options), speakStream(options): the realtime loop in the tab, whole text or text in pieces
 //   tokenize, normalise, schedule, sampleLatent, run, session, player, timings: its pieces, each gated against
 //              the Python runtime in a real browser (tests/test_browser_site.py)
-import * as ort from "./ort/ort.wasm.min.mjs";
 import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
 
 const ARRAYS = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array };
-const api = { ort, sessions: new Map(), timings: {} };
+const api = { sessions: new Map(), timings: {} };
+// onnxruntime-web, once the provider is chosen: its WASM build, or its WebGPU build (which runs on WASM's kernels
+// every node WebGPU has no kernel for).
+let ort = null;
+const BUILDS = { wasm: "./ort/ort.wasm.min.mjs", webgpu: "./ort/ort.webgpu.min.mjs" };
+
+// The provider: the page's `?provider=` (wasm or webgpu) if given, else WebGPU where the browser offers a hardware
+// adapter (a software one, such as SwiftShader, is slower than WASM), else WASM.
+async function chooseProvider() {
+  const asked = new URLSearchParams(globalThis.location?.search ?? "").get("provider");
+  if (asked !== null && !(asked in BUILDS)) throw new Error(`?provider=${asked}: the page runs on ${Object.keys(BUILDS).join(" or ")}`);
+  if (asked === "wasm") return { provider: "wasm", adapter: null };
+  const adapter = globalThis.navigator?.gpu ? await navigator.gpu.requestAdapter().catch(() => null) : null;
+  const info = adapter ? { vendor: adapter.info?.vendor, architecture: adapter.info?.architecture,
+                           software: Boolean(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter) } : null;
+  if (asked === "webgpu" && !adapter) throw new Error("?provider=webgpu: this browser offers no WebGPU adapter");
+  return { provider: asked === "webgpu" || (info && !info.software) ? "webgpu" : "wasm", adapter: info };
+}
 
 async function json(path) {
   const response = await fetch(path);
@@ -21,6 +37,9 @@ async function start() {
   const site = await json("site.json");
   Object.assign(api, { site, voices: site.voices });
   if (site.refused) throw new Error(site.refused);
+  Object.assign(api, await chooseProvider());
+  ort = await import(BUILDS[api.provider]);
+  api.ort = ort;
   // Threads need SharedArrayBuffer, which browsers give only to cross-origin isolated pages (COOP + COEP).
   ort.env.wasm.numThreads = globalThis.crossOriginIsolated ? Math.min(navigator.hardwareConcurrency || 1, 4) : 1;
   api.threads = ort.env.wasm.numThreads;
@@ -31,15 +50,59 @@ async function start() {
 
 api.tokenize = (text) => api.tokenizer.encode(text, { add_special_tokens: false }).ids;
 
+// onnxruntime's WebAssembly binds the console when it loads, so the console is wrapped before it loads: while
+// api.placement listens, what is written to it is kept there instead.
+let listening = null;
+for (const level of ["log", "warn", "error"]) {
+  const write = console[level].bind(console);
+  console[level] = (...args) => (listening ? listening.push(args.join(" ")) : write(...args));
+}
+
+// A new session of graph `name` on the page's provider (WebGPU with WASM for the nodes it has no kernel for).
+function createSession(name, extra = {}) {
+  const graph = api.site.graphs[name];
+  if (!graph) throw new Error(`the bundle has no '${name}' graph`);
+  // Errors only in the console: on WebGPU onnxruntime warns, for every graph, that it keeps the shape arithmetic
+  // on WASM; api.placement says where each node runs.
+  const options = { executionProviders: api.provider === "webgpu" ? ["webgpu", "wasm"] : ["wasm"],
+                    graphOptimizationLevel: "all", logSeverityLevel: 3, ...extra };
+  if (graph.data) options.externalData = [{ path: graph.data, data: `${api.site.bundle}/${graph.data}` }];
+  return ort.InferenceSession.create(`${api.site.bundle}/${graph.file}`, options);
+}
+
 api.session = (name) => {
-  if (!api.sessions.has(name)) {
-    const graph = api.site.graphs[name];
-    if (!graph) throw new Error(`the bundle has no '${name}' graph`);
-    const options = { executionProviders: ["wasm"], graphOptimizationLevel: "all" };
-    if (graph.data) options.externalData = [{ path: graph.data, data: `${api.site.bundle}/${graph.data}` }];
-    api.sessions.set(name, ort.InferenceSession.create(`${api.site.bundle}/${graph.file}`, options));
-  }
+  if (!api.sessions.has(name)) api.sessions.set(name, createSession(name));
   return api.sessions.get(name);
+};
+
+// Where onnxruntime places graph `name`'s nodes on the page's provider: {provider: {nodes, ops: {op type: count}}}
+// (ops where onnxruntime lists them: for a provider that got only some of the nodes). Read from onnxruntime's
+// verbose log of a fresh session, which it writes to the console.
+api.placement = async (name) => {
+  const lines = [];
+  listening = lines;
+  try {
+    await createSession(name, { logSeverityLevel: 0, logVerbosityLevel: 0 });
+  } finally {
+    listening = null;
+  }
+  const placed = {};
+  let current = null;
+  for (const line of lines.flatMap((l) => l.split("\n"))) {
+    const all = /All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
+    const some = /Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
+    const node = /^\s+(\w+) \(/.exec(line.replace(/^.*\] /, ""));
+    if (all || some) {
+      const [, provider, count] = all || some;
+      current = some ? (placed[provider] = { nodes: Number(count), ops: {} }) : null;
+      if (all) placed[provider] = { nodes: Number(count), ops: {} };
+    } else if (current && node) {
+      current.ops[node[1]] = (current.ops[node[1]] ?? 0) + 1;
+    } else {
+      current = null;
+    }
+  }
+  return placed;
 };
 
 function fromWire({ type, dims, data }) {
