@@ -3,10 +3,12 @@ on the same machine in one run: the site's size, the page's load, each graph's s
 call on the inputs a Python generation gave it (median of --repeats, the graph's own time in both), whole
 generations, and the browser's peak memory.
 
-    .venv/bin/python benchmarks/browser.py BUNDLE [--threads 2] [--repeats 5] [--json FILE]
+    .venv/bin/python benchmarks/browser.py BUNDLE [--threads 2] [--repeats 5] [--provider wasm] [--json FILE]
 
 Then the page speaks --frames latents twice (cold, then warm: first audio, seconds, RTF) beside `vibevoice-onnx
-bench` of the same bundle (RTF, first audio cold and warm). Uses
+bench` of the same bundle (RTF, first audio cold and warm), and where onnxruntime-web placed each graph's nodes.
+`--provider webgpu` runs the page on WebGPU; with no GPU here that is Chromium's SwiftShader (WebGPU's kernels on
+the CPU): its placement is the real one, its times say nothing of a GPU's. Uses
 the tests' Chromium (Debian's chromium and chromedriver, scripts/install-test-system-packages). Not part of CI.
 """
 
@@ -26,12 +28,16 @@ from phases import header, print_results, run
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 READY = """const done = arguments[arguments.length - 1];
-const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) => done({threads: api.threads}),
+const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) => done({threads: api.threads,
+    provider: api.provider, adapter: api.adapter}),
     (error) => done({error: error.message})) : setTimeout(wait, 20);
 wait();"""
 SESSIONS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
 (async () => { for (const name of Object.keys(api.site.graphs)) {
     const start = performance.now(); await api.session(name); out[name] = performance.now() - start; }
+  done(out); })().catch((error) => done({error: error.message}));"""
+PLACEMENT = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
+(async () => { for (const name of Object.keys(api.site.graphs)) out[name] = await api.placement(name);
   done(out); })().catch((error) => done({error: error.message}));"""
 CALLS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
 (async () => { api.timings[arguments[0]] = [];
@@ -90,7 +96,7 @@ def python_times(bundle: Path, name: str, inputs: dict, outputs: list[str], thre
 
 
 def main() -> int:
-    from helpers import chromium
+    from helpers import WEBGPU_ON_CPU, chromium
 
     from vibevoice_onnx.web.parity import first_calls, wire
     from vibevoice_onnx.web.site import site_server, write_site
@@ -100,6 +106,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="Python's threads; the page takes up to 4")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--frames", type=int, default=24, help="latents the page speaks (twice: cold, then warm)")
+    parser.add_argument("--provider", choices=["wasm", "webgpu"], default="wasm",
+                        help="the page's provider (webgpu: SwiftShader's, on this machine's CPU)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vibevoice-browser-") as folder:
@@ -108,15 +116,17 @@ def main() -> int:
         server = site_server(site, 0)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         (Path(folder) / "chromium").mkdir()
-        driver = chromium(Path(folder) / "chromium", 600)
+        driver = chromium(Path(folder) / "chromium", 600, *(WEBGPU_ON_CPU if args.provider == "webgpu" else ()))
         try:
             start = time.perf_counter()
-            driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
+            driver.get(f"http://127.0.0.1:{server.server_address[1]}/?provider={args.provider}")
             ready = driver.execute_async_script(READY)
             ready_seconds = time.perf_counter() - start
             if "error" in ready:
                 raise SystemExit(f"the page refused the bundle: {ready['error']}")
             sessions = driver.execute_async_script(SESSIONS)
+            placement = driver.execute_async_script(PLACEMENT)
+            print(f"placement: {json.dumps(placement)}", flush=True)
             graphs = {}
             for name, (inputs, outputs) in first_calls(args.bundle).items():
                 wasm = driver.execute_async_script(CALLS, name, {k: wire(v) for k, v in inputs.items()}, list(outputs),
@@ -136,6 +146,7 @@ def main() -> int:
             driver.quit()
             server.shutdown()
     results = {**header(), "bundle": str(args.bundle), "site_bytes": size, "page_ready_seconds": round(ready_seconds, 2),
+               "provider": ready["provider"], "adapter": ready["adapter"], "placement": placement,
                "wasm_threads": ready["threads"], "python_threads": args.threads,
                "session_ms": {k: round(v, 1) for k, v in sessions.items()}, "browser_peak_bytes": peak,
                "graph_calls": graphs, "speak_in_the_page": {"text": TEXT, "seed": 42, "runs": speech},

@@ -111,8 +111,8 @@ class Server:
     command = "serve"
 
     def __init__(self, bundles: list[Path], log: Path, *options: str, threads: str | None = "1",
-                 start_seconds: float = 90, env: dict | None = None):
-        self.port, self.log = free_port(), log
+                 start_seconds: float = 90, env: dict | None = None, key: str | None = KEY):
+        self.port, self.log, self.key = free_port(), log, key
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "vibevoice_onnx.cli", self.command, *map(str, bundles), *self.address(),
@@ -129,7 +129,7 @@ class Server:
         raise AssertionError(f"the server did not start in {start_seconds:g} s: {log.read_text()}")
 
     def address(self) -> list[str]:
-        return ["--port", str(self.port), "--api-key", KEY]
+        return ["--port", str(self.port), *(["--api-key", self.key] if self.key else [])]
 
     def ready(self) -> bool:
         try:
@@ -235,6 +235,11 @@ def gained_copy(bundle: Path, dst: Path, factor: float) -> Path:
 
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+# WebGPU on SwiftShader, Chromium's own Vulkan on the CPU: onnxruntime-web's WebGPU kernels (its WGSL shaders) run
+# for real, without a GPU (correct, and slow: a software adapter, which the browser page does not choose itself).
+WEBGPU_ON_CPU = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan")
 
 
 def chromium(folder: Path, script_timeout: float, *flags: str):

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
 from conftest import copy_bundle  # noqa: E402
-from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
+from helpers import CHROMEDRIVER, CHROMIUM, WEBGPU_ON_CPU, chromium  # noqa: E402
 
 from vibevoice_onnx.web.parity import first_calls, unwire, wire  # noqa: E402
 
@@ -72,11 +72,6 @@ def host(site_bundle, int8_bundle, tmp_path_factory):
     server.shutdown()
     server.server_close()
     thread.join(timeout=10)
-
-
-# WebGPU on SwiftShader, Chromium's own Vulkan on the CPU: onnxruntime-web's WebGPU kernels (its WGSL shaders) run
-# for real, without a GPU. A software adapter, so the page's own choice stays WASM unless ?provider=webgpu asks.
-WEBGPU_ON_CPU = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan")
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +351,30 @@ def test_text_streamed_into_the_page_speaks_as_the_whole_text(host, browser, sit
     assert "error" not in result, result
     assert result["ids"] == encode_tts_text(Bundle(site_bundle).tokenizer, text)
     assert result["same"] and result["frames"] == 20
+
+
+def test_serve_offers_the_page_at_local_and_it_speaks_as_the_written_site(host, browser, site_bundle, tiny_asr_bundle,
+                                                                          tmp_path):
+    """`serve`'s /local/: the same page for each served realtime bundle, cross-origin isolated (WASM threads), its
+    speech the written site's sample for sample (new path == old path)."""
+    from helpers import Server
+
+    running = Server([site_bundle, tiny_asr_bundle], tmp_path / "server.log", key=None)  # a key withholds /local/
+    try:
+        speak = """const done = arguments[arguments.length - 1];
+            const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) =>
+                api.speak("Served, then computed in the tab.", {seed: 4, maxFrames: 6})).then(
+                (r) => done({samples: Array.from(r.samples), isolated: globalThis.crossOriginIsolated,
+                             threads: globalThis.vibevoice.threads}), (e) => done({error: e.message}))
+              : setTimeout(wait, 50);
+            wait();"""
+        browser.get(f"{running.url}/local/")
+        served = browser.execute_async_script(speak)
+        assert browser.current_url == f"{running.url}/local/vibevoice-realtime-cpu-fp32/"
+        browser.get(f"{host}/fp32/")
+        written = browser.execute_async_script(speak)
+        assert "error" not in served and served["isolated"] and served["threads"] > 1, served
+        assert len(served["samples"]) == 6 * 3200 and served["samples"] == written["samples"]
+        assert not errors(browser)
+    finally:
+        assert running.stop() == 0, (tmp_path / "server.log").read_text()

@@ -149,3 +149,44 @@ def test_web_preview_refuses_a_port_it_cannot_listen_on_in_one_sentence(tiny_bun
         for port, words in ((taken.getsockname()[1], "cannot listen there"), (99999, "from 0 to 65535")):
             done = cli_run("web", str(bundle), "-o", str(tmp_path / "site"), "--force", "--preview", str(port))
             assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_serve_hands_out_the_pages_files_with_the_isolation_headers_and_nothing_else(tiny_bundle, tiny_asr_bundle,
+                                                                                     tmp_path):
+    """/local/MODEL/: the page, its script, the site record, the bundle's recorded files and the npm packages, each
+    with COOP and COEP and its type; no other file, no page for a model that does not run in a browser, and none
+    on a server with an API key (the key cannot travel with what a page loads by itself)."""
+    from fastapi.testclient import TestClient
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.serve.app import Settings, create_app
+    from vibevoice_onnx.serve.models import Models
+    from vibevoice_onnx.web.site import ISOLATION_HEADERS
+
+    tiny_bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
+    (tiny_bundle / "private.txt").write_text("a file in the bundle's folder that its manifest does not record")
+    models = Models.open([tiny_bundle, tiny_asr_bundle])
+    with TestClient(create_app(models, Settings())) as client:
+        page = "/local/vibevoice-realtime-cpu-fp32/"
+        assert client.get("/local/", follow_redirects=False).headers["location"] == page
+        manifest = Bundle(tiny_bundle).info.graphs["upper_lm"]["file"]
+        expected = {"": "text/html; charset=utf-8", "vibevoice.mjs": "text/javascript", "site.json": "application/json",
+                    f"bundle/{manifest}": "application/octet-stream", "bundle/manifest.json": "application/json",
+                    "ort/ort-wasm-simd-threaded.wasm": "application/wasm", "tokenizers/tokenizers.min.mjs": "text/javascript"}
+        for path, content_type in expected.items():
+            response = client.get(page + path)
+            assert response.status_code == 200, (path, response.text)
+            assert response.headers["content-type"].split(";")[0] == content_type.split(";")[0], path
+            assert all(response.headers[k] == v for k, v in ISOLATION_HEADERS.items()), path
+        assert client.get(page + f"bundle/{manifest}").content == (tiny_bundle / manifest).read_bytes()
+        head = client.head(page + f"bundle/{manifest}")  # as a host answers HEAD: the length, no body
+        assert head.status_code == 200 and int(head.headers["content-length"]) == (tiny_bundle / manifest).stat().st_size
+        record = client.get(page + "site.json").json()
+        assert record["bundle"] == "bundle" and record["voices"] == ["synthetic"] and record["refused"] is None
+        for path in ("bundle/private.txt", "bundle/%2e%2e/bundle/manifest.json", "ort/package.json.bak", "local.py"):
+            assert client.get(page + path).status_code == 404, path
+        asr = client.get("/local/vibevoice-asr-cpu-fp32/")
+        assert asr.status_code == 404 and "the page runs realtime models (served: vibevoice-realtime-cpu-fp32)" in asr.text
+    with TestClient(create_app(models, Settings(api_key="k"))) as client:
+        refused = client.get(page)
+        assert refused.status_code == 403 and "has an API key" in refused.json()["error"]["message"]

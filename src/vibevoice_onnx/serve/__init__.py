@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..families import family
 from .app import API_KEY_ENV, Settings, create_app
 from .models import Models
 
@@ -38,6 +39,10 @@ def run(bundles: list[Path], settings: Settings, host: str = "127.0.0.1", port: 
     app = create_app(models, settings)
     # said once every bundle is open and admitted: a refused bundle never reads as a server that started
     print(f"serving on http://{host}:{port} (Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
+    for model in [] if settings.api_key else models.by_id.values():
+        if family(model.kind).capabilities.in_browser:
+            print(f"  {model.id} in the browser, computed in the tab: http://{host}:{port}/local/{model.id}/",
+                  file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

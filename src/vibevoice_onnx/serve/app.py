@@ -38,6 +38,7 @@ from .fields import served_model
 from .http import (Admission, ApiError, ClientGone, Pump, RequestBody, bounded, read_json, receive_message, sse_event,
                    too_large, with_timeout)
 from .models import Models
+from .local import add_local_routes
 from .web import add_page_routes, is_open
 
 log = logging.getLogger("vibevoice_onnx.serve")
@@ -88,6 +89,7 @@ def create_app(models: Models, settings: Settings | None = None) -> FastAPI:
     _auth_and_log(app, settings)
     voices = sorted({v for m in models.doing("tts") for v in m.voices()})
     add_page_routes(app)
+    add_local_routes(app, models, settings.api_key)
 
     @app.get("/health", **schema.health())
     async def health():

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from .http import ApiError
+from .local import LOCAL_PREFIX
 
 PAGE_PREFIX = "/web/"
 PAGE_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -21,8 +22,9 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; media-src 'self'
 
 
 def is_open(path: str) -> bool:
-    """Paths served without the API key: health, and the page's own files."""
-    return path in ("/health", "/") or path.startswith(PAGE_PREFIX)
+    """Paths served without the API key: health, the page's own files, and the in-browser page's (which refuses
+    itself on a server with a key: serve.local)."""
+    return path in ("/health", "/") or path.startswith((PAGE_PREFIX, LOCAL_PREFIX.rstrip("/")))
 
 
 def _page_file(name: str) -> Response:

@@ -21,6 +21,9 @@ BUNDLE_FOLDER = "bundle"  # the bundle's files, as the bundle has them
 SITE_RECORD = "site.json"
 # The headers a host must send for WASM threads (SharedArrayBuffer): without them the page runs on one thread.
 ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
+# What a host must call the site's files: browsers run modules and compile WebAssembly only with these types.
+CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript", ".json": "application/json",
+                 ".wasm": "application/wasm", ".onnx": "application/octet-stream"}
 
 
 def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> Path:
@@ -82,8 +85,7 @@ class IsolatedHandler(http.server.SimpleHTTPRequestHandler):
     """A static host as a site needs: the cross-origin isolation headers on every file, modules and WebAssembly
     with their types."""
 
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript",
-                      ".wasm": "application/wasm", ".onnx": "application/octet-stream"}
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **CONTENT_TYPES}
 
     def end_headers(self):
         for name, value in ISOLATION_HEADERS.items():
