@@ -96,8 +96,9 @@ def python_times(bundle: Path, name: str, inputs: dict, outputs: list[str], thre
 
 
 def main() -> int:
-    from helpers import WEBGPU_ON_CPU, chromium
+    from helpers import chromium
 
+    from vibevoice_onnx.web.check import WEBGPU_ON_CPU
     from vibevoice_onnx.web.parity import first_calls, wire
     from vibevoice_onnx.web.site import site_server, write_site
 

@@ -237,24 +237,8 @@ def gained_copy(bundle: Path, dst: Path, factor: float) -> Path:
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
-# WebGPU on SwiftShader, Chromium's own Vulkan on the CPU: onnxruntime-web's WebGPU kernels (its WGSL shaders) run
-# for real, without a GPU (correct, and slow: a software adapter, which the browser page does not choose itself).
-WEBGPU_ON_CPU = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan")
-
-
 def chromium(folder: Path, script_timeout: float, *flags: str):
-    """Debian's headless Chromium under Selenium, its profile and driver log in `folder`, console logs kept."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    """Debian's headless Chromium under Selenium (web.check's), its profile and driver log in `folder`."""
+    from vibevoice_onnx.web.check import headless_chromium
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={folder / 'profile'}", *flags):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), log_output=str(folder / "driver.log")), options=options)
-    driver.set_page_load_timeout(30)
-    driver.set_script_timeout(script_timeout)
-    return driver
+    return headless_chromium(folder, script_timeout, *flags)

@@ -17,20 +17,15 @@ import pytest
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
 from conftest import copy_bundle  # noqa: E402
-from helpers import CHROMEDRIVER, CHROMIUM, WEBGPU_ON_CPU, chromium  # noqa: E402
+from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
 
-from vibevoice_onnx.web.parity import first_calls, unwire, wire  # noqa: E402
+from vibevoice_onnx.web.check import (GRAPH_LIMITS, LOOP_COSINE, WEBGPU_ON_CPU, closeness, graph_calls,  # noqa: E402
+                                      open_page, tokenizer_ids, whole_loop)
 
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
                 allow_module_level=True)
 WAIT = 60
-# Odd Unicode a tokenizer can get wrong: combining marks, CJK, emoji with joiners and skin tones, right-to-left
-# text, digits of other scripts, whitespace runs and controls, a replacement character.
-CORPUS = ["Hello, world! It's 3:45 p.m. — isn't it?", "naïve café, Ångström, ﬁne ligatures, ß and ẞ",
-          "e\u0301 versus é (NFC against NFD)", "中文的句子，还有标点。日本語のテキスト。한국어 문장.",
-          "👩🏽‍💻 and 👨‍👩‍👧‍👦 and 🏳️‍🌈", "مرحبا بالعالم שלום עולם", "١٢٣ ४५६ ๗๘๙ and 123,456.78",
-          "tabs\tand  double  spaces\nand new\nlines   ", "\u200b\u00ad\ufeffzero-width\ufffd", "   ", ""]
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +79,7 @@ def browser(tmp_path_factory):
 
 def page(browser, url: str):
     """The page at `url`, its API ready (or refused): {ok, message}."""
-    browser.get(url)
-    return browser.execute_async_script("""
-        const done = arguments[arguments.length - 1];
-        const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then(
-            (api) => done({ok: true, threads: api.threads, isolated: globalThis.crossOriginIsolated, voices: api.voices,
-                           gates: api.site.gates, provider: api.provider, adapter: api.adapter}),
-            (error) => done({ok: false, message: error.message})) : setTimeout(wait, 50);
-        wait();""")
+    return open_page(browser, url)
 
 
 def errors(browser) -> list[str]:
@@ -109,6 +97,7 @@ def test_the_page_loads_the_bundle_cross_origin_isolated(host, browser, site_bun
     assert state["voices"] == Bundle(site_bundle).voices() == ["synthetic"]
     assert browser.find_element("id", "status").text == "Ready."
     assert browser.find_element("id", "provider").text.startswith(f"WASM on {state['threads']} threads; ?provider=webgpu")
+    assert browser.find_element("id", "checked").text.startswith("not checked (vibevoice-onnx web --check")
     assert not errors(browser)
 
 
@@ -168,24 +157,13 @@ def test_on_webgpu_only_the_int8_decoders_products_fall_back_to_wasm(host, brows
 
 def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundle):
     from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.web.check import CORPUS
 
     assert page(browser, f"{host}/fp32/")["ok"]
-    theirs = browser.execute_script("return arguments[0].map((text) => globalThis.vibevoice.tokenize(text));", CORPUS)
-    tokenizer = Bundle(site_bundle).tokenizer
-    ours = [tokenizer.encode(text, add_special_tokens=False).ids for text in CORPUS]
+    theirs, ours = tokenizer_ids(browser, Bundle(site_bundle))
     assert sum(map(len, ours)) > 150
     for text, js, py in zip(CORPUS, theirs, ours):
         assert js == py, text
-
-
-# The largest difference against the output's scale, and the cosine, each graph call may show. fp32 on WASM: only
-# the order of sums differs (measured 8.6e-7, cosine 1 - 2e-13); on WebGPU (SwiftShader) the head's conditioning
-# differs most (6.6e-5: WGSL's sin and cos, in the timestep embedding, are looser than libm's). int8: the
-# dynamic-int8 decoder agrees as closely, the 8-bit MatMulNBits graphs (LMs, head) do not: their int8 activation
-# rounding (accuracy level 4) is the x86 kernels' and not WASM's or WebGPU's, so an activation lands a
-# quantization step away (measured 0.025 of scale, cosine 0.99977, the head's step, on both; 2x room in each).
-LIMITS = {("wasm", "fp32"): (1e-4, 0.99999), ("webgpu", "fp32"): (2e-4, 0.99999), ("wasm", "int8"): (5e-2, 0.999),
-          ("webgpu", "int8"): (5e-2, 0.999)}
 
 
 @pytest.mark.parametrize("provider", ["wasm", "webgpu"])
@@ -197,25 +175,10 @@ def test_every_graph_of_the_loop_gives_the_python_outputs(host, browser, site_bu
     from vibevoice_onnx.runtime.bundle import Bundle
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
-    largest, lowest = LIMITS[provider, precision]
+    largest, lowest = GRAPH_LIMITS[provider, "fp32" if precision == "fp32" else "quantized"]
     assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
-    calls = first_calls(bundle)
-    assert set(calls) == set(Bundle(bundle).info.graphs)  # every graph the bundle has, the loop called
-    measured = {}
-    for name, (inputs, outputs) in calls.items():
-        result = browser.execute_async_script("""
-            const done = arguments[arguments.length - 1];
-            globalThis.vibevoice.run(arguments[0], arguments[1], arguments[2]).then(done, (e) => done({error: e.message}));
-            """, name, {k: wire(v) for k, v in inputs.items()}, list(outputs))
-        assert "error" not in result, (name, result)
-        for output, expected in outputs.items():
-            got, expected = unwire(result[output]).astype(np.float64), expected.astype(np.float64)
-            assert got.shape == expected.shape, (name, output)
-            scale = float(np.abs(expected).max()) or 1.0
-            cosine = 1.0
-            if expected.size > 1 and np.linalg.norm(expected) > 0:
-                cosine = float(got.ravel() @ expected.ravel() / np.linalg.norm(got) / np.linalg.norm(expected))
-            measured[f"{name}.{output}"] = (float(np.abs(got - expected).max()) / scale, cosine)
+    measured = graph_calls(browser, bundle)
+    assert {key.split(".")[0] for key in measured} == set(Bundle(bundle).info.graphs)  # the loop called every graph
     print(provider, precision, json.dumps(measured))
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
     assert not errors(browser)
@@ -257,10 +220,8 @@ def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int
                 noise: Float32Array.from(noise), cfgScale, steps}).then((x) => done(Array.from(x)), (e) => done(e.message));
             """, positive[0].tolist(), negative[0].tolist(), noise(0).tolist(), cfg, steps)
         assert isinstance(theirs, list), theirs
-        theirs = np.asarray(theirs, np.float64)
-        cosine = float(theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours))
-        difference = float(np.abs(theirs - ours).max() / np.abs(ours).max())
-        largest, lowest = LIMITS["wasm", precision]
+        difference, cosine = closeness(theirs, ours)
+        largest, lowest = GRAPH_LIMITS["wasm", "fp32" if precision == "fp32" else "quantized"]
         assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
 
 
@@ -277,30 +238,20 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
     int8 itself does."""
     from vibevoice_onnx.runtime.speech import open_tts
     from vibevoice_onnx.sampling import NoiseSource
+    from vibevoice_onnx.web.check import LOOP_FRAMES, LOOP_TEXT, closeness, loop_rows
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
     assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
-    text, frames = "The page speaks \u201cas Python does\u201d, window after window.", 14
-    rows = np.random.default_rng(5).standard_normal((frames, 64)).astype(np.float32)
-    model = open_tts(bundle)
-    ours, rate = model.create(text, voice="synthetic", noise=NoiseSource(rows=rows), max_frames=frames)
-    theirs = browser.execute_async_script("""
-        const done = arguments[arguments.length - 1], [text, noise, frames] = arguments;
-        globalThis.vibevoice.speak(text, {voice: "synthetic", noise, maxFrames: frames}).then(
-            (r) => done({samples: Array.from(r.samples), rate: r.sampleRate, frames: r.frames, stop: r.stopReason}),
-            (e) => done({error: e.message}));
-        """, text, rows.tolist(), frames)
-    assert "error" not in theirs, theirs
-    samples = np.asarray(theirs["samples"], np.float64)
-    assert theirs["rate"] == rate and theirs["frames"] == frames and samples.shape == ours.shape
-    cosine = float(samples @ ours / np.linalg.norm(samples) / np.linalg.norm(ours))
+    loop = whole_loop(browser, bundle, "synthetic")
+    assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
     if precision == "fp32":
-        assert cosine >= 0.999, cosine
+        assert loop["cosine"] >= LOOP_COSINE["fp32"] == 0.999, loop["cosine"]
     else:
-        full, _ = open_tts(site_bundle).create(text, voice="synthetic", noise=NoiseSource(rows=rows), max_frames=frames)
-        own = float(full @ ours / np.linalg.norm(full) / np.linalg.norm(ours))  # int8 against fp32, both in Python
-        assert cosine >= 0.995 and 1 - cosine < 1 - own, (cosine, own)
-    print(provider, precision, f"cosine {cosine:.7f}", f"max|Δ| {np.abs(samples - ours).max():.2e}")
+        spoken = [open_tts(source).create(LOOP_TEXT, voice="synthetic", noise=NoiseSource(rows=loop_rows()),
+                                          max_frames=LOOP_FRAMES)[0] for source in (bundle, site_bundle)]
+        own = closeness(*spoken)[1]  # int8 against fp32, both in Python
+        assert loop["cosine"] >= LOOP_COSINE["quantized"] == 0.995 and 1 - loop["cosine"] < 1 - own, (loop, own)
+    print(provider, precision, f"cosine {loop['cosine']:.7f}", f"max|Δ| {loop['difference']:.2e} of scale")
     assert not errors(browser)
 
 
@@ -378,3 +329,34 @@ def test_serve_offers_the_page_at_local_and_it_speaks_as_the_written_site(host, 
         assert not errors(browser)
     finally:
         assert running.stop() == 0, (tmp_path / "server.log").read_text()
+
+
+def test_web_check_holds_the_page_to_the_python_runtime_and_the_page_shows_its_record(browser, site_bundle, int8_bundle,
+                                                                                     tmp_path):
+    """`web --check`: the written site's page in headless Chromium against the Python runtime (tokenizer, every
+    graph, the whole loop), its record in the site and on the page; a page that is not the bundle's (the int8
+    site held to the fp32 bundle) fails it."""
+    from helpers import cli_run
+
+    from vibevoice_onnx.web.check import GATES_RECORD, check_site
+    from vibevoice_onnx.web.site import site_server, write_site
+
+    done = cli_run("web", str(site_bundle), "-o", str(tmp_path / "site"), "--check")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "site" / GATES_RECORD).read_text())
+    assert record["passed"] and record["provider"] == "wasm" and record["browser"].startswith("Chromium ")
+    tokenizer, graphs, loop = record["gates"]
+    assert tokenizer["differing"] == [] and graphs["largest_difference"] <= 1e-4 and loop["cosine"] >= 0.999
+    assert "browser gates passed" in done.stderr
+    server = site_server(tmp_path / "site", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert page(browser, f"http://127.0.0.1:{server.server_address[1]}/")["ok"]
+        shown = browser.find_element("id", "checked").text
+        assert shown.startswith(f"passed on {record['browser']}, wasm, ") and f"{loop['cosine']:.7f}" in shown
+    finally:
+        server.shutdown()
+        server.server_close()
+    failed = check_site(write_site(int8_bundle, tmp_path / "int8", log=lambda _: None), site_bundle, log=lambda _: None)
+    assert not failed["passed"] and [g["passed"] for g in failed["gates"]] == [True, False, False]

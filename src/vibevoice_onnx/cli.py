@@ -197,6 +197,17 @@ def cmd_web(args) -> int:
     site = write_site(Path(args.bundle), Path(args.output), force=args.force,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
     print(site, flush=True)
+    if args.check:
+        from .web.check import check_site
+        from .web.site import GATES_RECORD
+
+        print(f"checking the page in headless Chromium ({args.check}) against the Python runtime", file=sys.stderr,
+              flush=True)
+        record = check_site(site, Path(args.bundle), args.check, log=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"browser gates {'passed' if record['passed'] else 'FAILED'}: {site / GATES_RECORD}", file=sys.stderr,
+              flush=True)
+        if not record["passed"]:
+            return 1
     if args.preview is not None:
         import signal
 
@@ -666,11 +677,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("web", help="a static site that runs a realtime bundle in the browser (onnxruntime-web, "
-                       "WASM): nothing is computed on a server")
+                       "WebGPU or WASM): nothing is computed on a server")
     p.add_argument("bundle", metavar="BUNDLE_DIR", help="a realtime bundle")
     p.add_argument("-o", "--output", required=True, metavar="SITE", help="the folder to write the site into (new or "
                    "empty); serve it with the headers docs/browser.md names")
     p.add_argument("--force", action="store_true", help="replace what SITE holds")
+    p.add_argument("--check", nargs="?", const="wasm", choices=["wasm", "webgpu"], metavar="PROVIDER",
+                   help="then hold the page to the Python runtime in headless Chromium (tokenizer, every graph, the "
+                   "whole loop) on PROVIDER (wasm, the default; webgpu: on Chromium's SwiftShader, WebGPU's kernels on the CPU) and "
+                   "write the record into SITE, which the page shows; needs Selenium (the `browser` extra) and "
+                   "Chromium with chromedriver")
     p.add_argument("--preview", type=int, metavar="PORT", help="then serve SITE on 127.0.0.1:PORT with the headers it "
                    "needs, to open it in a browser on this machine (0: any free port)")
     p.set_defaults(func=cmd_web)

@@ -17,7 +17,8 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from ..errors import VibeVoiceError
 from ..families import family
 from ..web.npm import PACKAGES, unpack
-from ..web.site import BUNDLE_FOLDER, CONTENT_TYPES, ISOLATION_HEADERS, SITE_RECORD, site_record
+from ..web.site import (BUNDLE_FOLDER, CONTENT_TYPES, GATES_RECORD, ISOLATION_HEADERS, SITE_RECORD, UNCHECKED,
+                        site_record)
 from .http import ApiError
 
 LOCAL_PREFIX = "/local/"
@@ -83,9 +84,9 @@ def add_local_routes(app: FastAPI, models, api_key: str | None) -> None:
             name = path or "index.html"
             body = resources.files("vibevoice_onnx.web").joinpath("static", name).read_bytes()
             return Response(body, media_type=CONTENT_TYPES[Path(name).suffix], headers=HEADERS)
-        if path == SITE_RECORD:
-            return Response(json.dumps(site_record(bundle), indent=2), media_type=CONTENT_TYPES[".json"],
-                            headers=HEADERS)
+        if path in (SITE_RECORD, GATES_RECORD):  # the page as served is not checked in a browser: web --check is
+            record = site_record(bundle) if path == SITE_RECORD else UNCHECKED
+            return Response(json.dumps(record, indent=2), media_type=CONTENT_TYPES[".json"], headers=HEADERS)
         if path in package_files:
             return file(packages.path(path), path)
         inside = path.removeprefix(f"{BUNDLE_FOLDER}/")

@@ -19,6 +19,9 @@ from .npm import PACKAGES, unpack
 
 BUNDLE_FOLDER = "bundle"  # the bundle's files, as the bundle has them
 SITE_RECORD = "site.json"
+GATES_RECORD = "browser-gates.json"  # web --check's record (web.check); until it runs, UNCHECKED
+UNCHECKED = {"passed": None, "note": "not checked in a browser: vibevoice-onnx web --check holds this page to the "
+                                    "Python runtime"}
 # The headers a host must send for WASM threads (SharedArrayBuffer): without them the page runs on one thread.
 ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
 # What a host must call the site's files: browsers run modules and compile WebAssembly only with these types.
@@ -46,6 +49,7 @@ def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> P
     for name in ("index.html", "vibevoice.mjs"):
         (out / name).write_bytes((static / name).read_bytes())
     (out / SITE_RECORD).write_text(json.dumps(site_record(bundle), indent=2) + "\n")
+    (out / GATES_RECORD).write_text(json.dumps(UNCHECKED) + "\n")
     return out
 
 

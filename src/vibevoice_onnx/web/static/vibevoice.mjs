@@ -44,6 +44,9 @@ async function start() {
   ort.env.wasm.numThreads = globalThis.crossOriginIsolated ? Math.min(navigator.hardwareConcurrency || 1, 4) : 1;
   api.threads = ort.env.wasm.numThreads;
   api.manifest = await json(`${site.bundle}/manifest.json`);
+  // The record of `vibevoice-onnx web --check` (this site's page held to the Python runtime in Chromium):
+  // {passed: null} until it runs.
+  api.browserGates = await json("browser-gates.json");
   api.tokenizer = new Tokenizer(await json(`${site.bundle}/${api.manifest.tokenizer.file}`), {});
   return api;
 }
