@@ -190,3 +190,19 @@ def test_serve_hands_out_the_pages_files_with_the_isolation_headers_and_nothing_
     with TestClient(create_app(models, Settings(api_key="k"))) as client:
         refused = client.get(page)
         assert refused.status_code == 403 and "has an API key" in refused.json()["error"]["message"]
+
+
+def test_web_check_without_a_browser_says_what_to_install(tiny_bundle, tmp_path):
+    """--check on a machine without Chromium: the site is written, then one sentence naming what is missing."""
+    import os
+    import subprocess
+    import sys
+
+    bin_only = tmp_path / "bin"
+    bin_only.mkdir()
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "web", str(tiny_bundle), "-o",
+                           str(tmp_path / "site"), "--check"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": str(bin_only)})
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "Chromium is not installed (looked for chromium, chromium-browser, google-chrome)" in done.stderr
+    assert "apt install chromium chromium-driver" in done.stderr and (tmp_path / "site" / "index.html").is_file()

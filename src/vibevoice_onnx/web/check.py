@@ -154,20 +154,23 @@ def check_site(site: Path, bundle_dir: Path, provider: str = "wasm", log=print) 
     server = site_server(Path(site), 0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    with tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder:
-        driver = headless_chromium(Path(folder), 600, *(WEBGPU_ON_CPU if provider == "webgpu" else ()))
-        try:
-            state = open_page(driver, f"http://127.0.0.1:{server.server_address[1]}/?provider={provider}")
-            if not state["ok"]:
-                raise VibeVoiceError(f"the page refused the bundle: {state['message']}")
-            gates = [tokenizer_gate(driver, bundle, log), graph_gate(driver, bundle.path, provider, exactness, log),
-                     loop_gate(driver, bundle.path, bundle.voices(), exactness, log)]
-            browser = driver.capabilities.get("browserVersion", "?")
-        finally:
-            driver.quit()
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=10)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder:
+            driver = headless_chromium(Path(folder), 600, *(WEBGPU_ON_CPU if provider == "webgpu" else ()))
+            try:
+                state = open_page(driver, f"http://127.0.0.1:{server.server_address[1]}/?provider={provider}")
+                if not state["ok"]:
+                    raise VibeVoiceError(f"the page refused the bundle: {state['message']}")
+                gates = [tokenizer_gate(driver, bundle, log),
+                         graph_gate(driver, bundle.path, provider, exactness, log),
+                         loop_gate(driver, bundle.path, bundle.voices(), exactness, log)]
+                browser = driver.capabilities.get("browserVersion", "?")
+            finally:
+                driver.quit()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
     record = {"checked_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "browser": f"Chromium {browser} (headless)", "provider": state["provider"], "threads": state["threads"],
               "passed": all(g["passed"] for g in gates), "gates": gates}
