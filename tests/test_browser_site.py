@@ -166,8 +166,9 @@ def test_the_javascript_tokenizer_gives_the_python_ids(host, browser, site_bundl
         assert js == py, text
 
 
-@pytest.mark.parametrize("provider", ["wasm", "webgpu"])
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+# WebGPU on SwiftShader is slow (the suite's budget): its graph calls at fp32, where the limit is tightest, and its
+# whole loop at int8, where nodes fall back to WASM (measured once for the others: docs/browser.md).
+@pytest.mark.parametrize("precision, provider", [("fp32", "wasm"), ("int8", "wasm"), ("fp32", "webgpu")])
 def test_every_graph_of_the_loop_gives_the_python_outputs(host, browser, site_bundle, int8_bundle, precision,
                                                           provider):
     """The loop's graphs, each fed what a Python generation fed it, on onnxruntime-web: the same outputs (the
@@ -225,8 +226,7 @@ def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int
         assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
 
 
-@pytest.mark.parametrize("provider", ["wasm", "webgpu"])
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision, provider", [("fp32", "wasm"), ("int8", "wasm"), ("int8", "webgpu")])
 def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, site_bundle, int8_bundle, precision,
                                                                 provider):
     """The whole loop in JavaScript (text windows, both LMs and their caches, CFG, the sampler, the connector, EOS,
@@ -251,7 +251,8 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
                                           max_frames=LOOP_FRAMES)[0] for source in (bundle, site_bundle)]
         own = closeness(*spoken)[1]  # int8 against fp32, both in Python
         assert loop["cosine"] >= LOOP_COSINE["quantized"] == 0.995 and 1 - loop["cosine"] < 1 - own, (loop, own)
-    print(provider, precision, f"cosine {loop['cosine']:.7f}", f"max|Δ| {loop['difference']:.2e} of scale")
+    print(provider, precision, f"cosine {loop['cosine']:.7f}", f"max|Δ| {loop['difference']:.2e} of scale",
+          f"own {own:.7f}" if precision != "fp32" else "")
     assert not errors(browser)
 
 

@@ -21,6 +21,22 @@ def test_web_refuses_a_bundle_of_another_kind(tiny_asr_bundle, tmp_path):
     assert not (tmp_path / "site").exists()
 
 
+@pytest.mark.parametrize("change", [{"profile": {"name": "fixed"}}, {"device": "cuda"}])
+def test_web_refuses_a_profile_or_device_the_page_does_not_run(tiny_bundle, tmp_path, change):
+    """The page's loop grows the LMs' caches call by call on fp32 inputs: the fixed profile's static caches and a
+    CUDA build's fp16 graphs are refused in one sentence, before anything is written."""
+    bundle = copy_bundle(tiny_bundle, tmp_path / "cpu_fp32")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (bundle / "manifest.json").write_text(json.dumps({**manifest, **change}))
+    done = cli_run("web", str(bundle), "-o", str(tmp_path / "site"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    if "profile" in change:
+        assert "the fixed profile built for cpu; the page runs bundles of the dynamic profile built for the CPU" in done.stderr
+    else:  # refused when opened where onnxruntime has no CUDA, by the page's rule where it has
+        assert "is built for CUDA" in done.stderr or "profile built for cuda; the page runs" in done.stderr
+    assert not (tmp_path / "site").exists()
+
+
 def test_web_writes_the_bundle_the_scripts_and_a_record_and_keeps_a_folder_it_did_not_make(tiny_bundle, tmp_path):
     from vibevoice_onnx.runtime.bundle import Bundle, bundle_files
     from vibevoice_onnx.web.npm import PACKAGES

@@ -84,7 +84,7 @@ def add_local_routes(app: FastAPI, models, api_key: str | None) -> None:
             name = path or "index.html"
             body = resources.files("vibevoice_onnx.web").joinpath("static", name).read_bytes()
             return Response(body, media_type=CONTENT_TYPES[Path(name).suffix], headers=HEADERS)
-        if path in (SITE_RECORD, GATES_RECORD):  # the page as served is not checked in a browser: web --check is
+        if path in (SITE_RECORD, GATES_RECORD):  # a served page is unchecked: web --check checks a written site
             record = site_record(bundle) if path == SITE_RECORD else UNCHECKED
             return Response(json.dumps(record, indent=2), media_type=CONTENT_TYPES[".json"], headers=HEADERS)
         if path in package_files:
