@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -27,11 +26,6 @@ from phases import header, print_results, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-READY = """const done = arguments[arguments.length - 1];
-const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) => done({threads: api.threads,
-    provider: api.provider, adapter: api.adapter}),
-    (error) => done({error: error.message})) : setTimeout(wait, 20);
-wait();"""
 SESSIONS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
 (async () => { for (const name of Object.keys(api.site.graphs)) {
     const start = performance.now(); await api.session(name); out[name] = performance.now() - start; }
@@ -98,9 +92,9 @@ def python_times(bundle: Path, name: str, inputs: dict, outputs: list[str], thre
 def main() -> int:
     from helpers import chromium
 
-    from vibevoice_onnx.web.check import WEBGPU_ON_CPU
+    from vibevoice_onnx.web.check import WEBGPU_ON_CPU, open_page
     from vibevoice_onnx.web.parity import first_calls, wire
-    from vibevoice_onnx.web.site import site_server, write_site
+    from vibevoice_onnx.web.site import served, write_site
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
@@ -114,38 +108,35 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vibevoice-browser-") as folder:
         site = write_site(args.bundle, Path(folder) / "site", log=lambda _: None)
         size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
-        server = site_server(site, 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
         (Path(folder) / "chromium").mkdir()
-        driver = chromium(Path(folder) / "chromium", 600, *(WEBGPU_ON_CPU if args.provider == "webgpu" else ()))
-        try:
-            start = time.perf_counter()
-            driver.get(f"http://127.0.0.1:{server.server_address[1]}/?provider={args.provider}")
-            ready = driver.execute_async_script(READY)
-            ready_seconds = time.perf_counter() - start
-            if "error" in ready:
-                raise SystemExit(f"the page refused the bundle: {ready['error']}")
-            sessions = driver.execute_async_script(SESSIONS)
-            placement = driver.execute_async_script(PLACEMENT)
-            print(f"placement: {json.dumps(placement)}", flush=True)
-            graphs = {}
-            for name, (inputs, outputs) in first_calls(args.bundle).items():
-                wasm = driver.execute_async_script(CALLS, name, {k: wire(v) for k, v in inputs.items()}, list(outputs),
-                                                   args.repeats)
-                python = python_times(args.bundle, name, inputs, list(outputs), args.threads, args.repeats)
-                graphs[name] = {"inputs": {k: list(v.shape) for k, v in inputs.items() if v.ndim and v.size > 1},
-                                "wasm_ms_median": round(statistics.median(wasm[1:] or wasm), 2),
-                                "python_ms_median": round(statistics.median(python[1:] or python), 2),
-                                "wasm_ms": [round(t, 2) for t in wasm], "python_ms": [round(t, 2) for t in python]}
-                graphs[name]["ratio"] = round(graphs[name]["wasm_ms_median"] / max(graphs[name]["python_ms_median"], 1e-3), 1)
-                print(f"{name:28s} WASM {graphs[name]['wasm_ms_median']:8.2f} ms, Python {graphs[name]['python_ms_median']:7.2f} ms",
-                      flush=True)
-            speech = driver.execute_async_script(SPEAK, TEXT, args.frames)
-            print(f"the page speaks {args.frames} frames: {speech}", flush=True)
-            peak = browser_peak_bytes()
-        finally:
-            driver.quit()
-            server.shutdown()
+        with served(site) as url:
+            driver = chromium(Path(folder) / "chromium", 600, *(WEBGPU_ON_CPU if args.provider == "webgpu" else ()))
+            try:
+                start = time.perf_counter()
+                ready = open_page(driver, f"{url}/?provider={args.provider}")
+                ready_seconds = time.perf_counter() - start
+                if not ready["ok"]:
+                    raise SystemExit(f"the page refused the bundle: {ready['message']}")
+                sessions = driver.execute_async_script(SESSIONS)
+                placement = driver.execute_async_script(PLACEMENT)
+                print(f"placement: {json.dumps(placement)}", flush=True)
+                graphs = {}
+                for name, (inputs, outputs) in first_calls(args.bundle).items():
+                    wasm = driver.execute_async_script(CALLS, name, {k: wire(v) for k, v in inputs.items()}, list(outputs),
+                                                       args.repeats)
+                    python = python_times(args.bundle, name, inputs, list(outputs), args.threads, args.repeats)
+                    graphs[name] = {"inputs": {k: list(v.shape) for k, v in inputs.items() if v.ndim and v.size > 1},
+                                    "wasm_ms_median": round(statistics.median(wasm[1:] or wasm), 2),
+                                    "python_ms_median": round(statistics.median(python[1:] or python), 2),
+                                    "wasm_ms": [round(t, 2) for t in wasm], "python_ms": [round(t, 2) for t in python]}
+                    graphs[name]["ratio"] = round(graphs[name]["wasm_ms_median"] / max(graphs[name]["python_ms_median"], 1e-3), 1)
+                    print(f"{name:28s} WASM {graphs[name]['wasm_ms_median']:8.2f} ms, Python {graphs[name]['python_ms_median']:7.2f} ms",
+                          flush=True)
+                speech = driver.execute_async_script(SPEAK, TEXT, args.frames)
+                print(f"the page speaks {args.frames} frames: {speech}", flush=True)
+                peak = browser_peak_bytes()
+            finally:
+                driver.quit()
     results = {**header(), "bundle": str(args.bundle), "site_bytes": size, "page_ready_seconds": round(ready_seconds, 2),
                "provider": ready["provider"], "adapter": ready["adapter"], "placement": placement,
                "wasm_threads": ready["threads"], "python_threads": args.threads,

@@ -8,7 +8,6 @@ JavaScript packages come from the npm registry by pinned version and sha256, as 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,8 @@ from conftest import copy_bundle  # noqa: E402
 from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
 
 from vibevoice_onnx.web.check import (GRAPH_LIMITS, LOOP_COSINE, WEBGPU_ON_CPU, closeness, graph_calls,  # noqa: E402
-                                      open_page, tokenizer_ids, whole_loop)
+                                      tokenizer_ids, whole_loop)
+from vibevoice_onnx.web.check import open_page as page  # noqa: E402  (the page at a URL, its API ready or refused)
 
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
@@ -50,7 +50,7 @@ def int8_bundle(tiny_checkpoints, site_bundle, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def host(site_bundle, int8_bundle, tmp_path_factory):
     """The sites of the tiny realtime bundle at fp32 and int8 and of a copy whose gates failed, on 127.0.0.1."""
-    from vibevoice_onnx.web.site import site_server, write_site
+    from vibevoice_onnx.web.site import served, write_site
 
     root = tmp_path_factory.mktemp("sites")
     write_site(site_bundle, root / "fp32", log=lambda _: None)
@@ -60,13 +60,8 @@ def host(site_bundle, int8_bundle, tmp_path_factory):
     manifest["parity"] = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
     (failed / "manifest.json").write_text(json.dumps(manifest))
     write_site(failed, root / "failed", log=lambda _: None)
-    server = site_server(root, 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with served(root) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +70,6 @@ def browser(tmp_path_factory):
                       *WEBGPU_ON_CPU)
     yield driver
     driver.quit()
-
-
-def page(browser, url: str):
-    """The page at `url`, its API ready (or refused): {ok, message}."""
-    return open_page(browser, url)
 
 
 def errors(browser) -> list[str]:
@@ -340,7 +330,7 @@ def test_web_check_holds_the_page_to_the_python_runtime_and_the_page_shows_its_r
     from helpers import cli_run
 
     from vibevoice_onnx.web.check import GATES_RECORD, check_site
-    from vibevoice_onnx.web.site import site_server, write_site
+    from vibevoice_onnx.web.site import served, write_site
 
     done = cli_run("web", str(site_bundle), "-o", str(tmp_path / "site"), "--check")
     assert done.returncode == 0, done.stderr
@@ -349,15 +339,9 @@ def test_web_check_holds_the_page_to_the_python_runtime_and_the_page_shows_its_r
     tokenizer, graphs, loop = record["gates"]
     assert tokenizer["differing"] == [] and graphs["largest_difference"] <= 1e-4 and loop["cosine"] >= 0.999
     assert "browser gates passed" in done.stderr
-    server = site_server(tmp_path / "site", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        assert page(browser, f"http://127.0.0.1:{server.server_address[1]}/")["ok"]
+    with served(tmp_path / "site") as url:
+        assert page(browser, f"{url}/")["ok"]
         shown = browser.find_element("id", "checked").text
         assert shown.startswith(f"passed on {record['browser']}, wasm, ") and f"{loop['cosine']:.7f}" in shown
-    finally:
-        server.shutdown()
-        server.server_close()
     failed = check_site(write_site(int8_bundle, tmp_path / "int8", log=lambda _: None), site_bundle, log=lambda _: None)
     assert not failed["passed"] and [g["passed"] for g in failed["gates"]] == [True, False, False]

@@ -194,18 +194,18 @@ def cmd_pull(args) -> int:
 def cmd_web(args) -> int:
     from .web.site import site_server, write_site
 
-    site = write_site(Path(args.bundle), Path(args.output), force=args.force,
-                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    site = write_site(Path(args.bundle), Path(args.output), force=args.force, log=log)
     print(site, flush=True)
     if args.check:
         from .web.check import check_site
         from .web.site import GATES_RECORD
 
-        print(f"checking the page in headless Chromium ({args.check}) against the Python runtime", file=sys.stderr,
-              flush=True)
-        record = check_site(site, Path(args.bundle), args.check, log=lambda line: print(line, file=sys.stderr, flush=True))
-        print(f"browser gates {'passed' if record['passed'] else 'FAILED'}: {site / GATES_RECORD}", file=sys.stderr,
-              flush=True)
+        log(f"checking the page in headless Chromium ({args.check}) against the Python runtime")
+        record = check_site(site, Path(args.bundle), args.check, log=log)
+        log(f"browser gates {'passed' if record['passed'] else 'FAILED'}: {site / GATES_RECORD}")
         if not record["passed"]:
             return 1
     if args.preview is not None:
@@ -217,8 +217,7 @@ def cmd_web(args) -> int:
         for stopping in (signal.SIGINT, signal.SIGTERM):
             signal.signal(stopping, stop)
         server = site_server(site, args.preview)
-        print(f"serving {site} at http://127.0.0.1:{server.server_address[1]}/ (this machine only; Ctrl-C stops)",
-              file=sys.stderr, flush=True)
+        log(f"serving {site} at http://127.0.0.1:{server.server_address[1]}/ (this machine only; Ctrl-C stops)")
         try:
             server.serve_forever()
         except KeyboardInterrupt:

@@ -37,8 +37,8 @@ from . import transcriptions as asr_route
 from .fields import served_model
 from .http import (Admission, ApiError, ClientGone, Pump, RequestBody, bounded, read_json, receive_message, sse_event,
                    too_large, with_timeout)
-from .models import Models
 from .local import add_local_routes
+from .models import Models
 from .web import add_page_routes, is_open
 
 log = logging.getLogger("vibevoice_onnx.serve")

@@ -93,4 +93,3 @@ def add_local_routes(app: FastAPI, models, api_key: str | None) -> None:
         if inside != path and inside in {*bundle.info.files, "manifest.json"}:  # what its manifest records
             return file(bundle.path / inside, inside)
         raise ApiError(404, f"no file {LOCAL_PREFIX}{model}/{path}")
-

@@ -10,14 +10,13 @@ import datetime
 import json
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import VibeVoiceError
 from .parity import first_calls, unwire, wire
-from .site import GATES_RECORD, site_server
+from .site import GATES_RECORD, served
 
 # Odd Unicode a tokenizer can get wrong: combining marks, CJK, emoji with joiners and skin tones, right-to-left
 # text, digits of other scripts, whitespace runs and controls, a replacement character.
@@ -95,9 +94,8 @@ def closeness(got, expected) -> tuple[float, float]:
     """The largest difference against the expected array's scale, and the cosine (1 where either is zero)."""
     got, expected = np.asarray(got, np.float64).ravel(), np.asarray(expected, np.float64).ravel()
     scale = float(np.abs(expected).max(initial=0)) or 1.0
-    cosine = 1.0
-    if expected.size > 1 and np.linalg.norm(expected) > 0 and np.linalg.norm(got) > 0:
-        cosine = float(got @ expected / np.linalg.norm(got) / np.linalg.norm(expected))
+    norms = float(np.linalg.norm(got) * np.linalg.norm(expected))
+    cosine = float(got @ expected / norms) if expected.size > 1 and norms > 0 else 1.0
     return float(np.abs(got - expected).max(initial=0)) / scale, cosine
 
 
@@ -151,26 +149,17 @@ def check_site(site: Path, bundle_dir: Path, provider: str = "wasm", log=print) 
 
     bundle = Bundle(Path(bundle_dir))
     exactness = "fp32" if bundle.info.precision == "fp32" else "quantized"
-    server = site_server(Path(site), 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder:
-            driver = headless_chromium(Path(folder), 600, *(WEBGPU_ON_CPU if provider == "webgpu" else ()))
-            try:
-                state = open_page(driver, f"http://127.0.0.1:{server.server_address[1]}/?provider={provider}")
-                if not state["ok"]:
-                    raise VibeVoiceError(f"the page refused the bundle: {state['message']}")
-                gates = [tokenizer_gate(driver, bundle, log),
-                         graph_gate(driver, bundle.path, provider, exactness, log),
-                         loop_gate(driver, bundle.path, bundle.voices(), exactness, log)]
-                browser = driver.capabilities.get("browserVersion", "?")
-            finally:
-                driver.quit()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with served(site) as url, tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder:
+        driver = headless_chromium(Path(folder), 600, *(WEBGPU_ON_CPU if provider == "webgpu" else ()))
+        try:
+            state = open_page(driver, f"{url}/?provider={provider}")
+            if not state["ok"]:
+                raise VibeVoiceError(f"the page refused the bundle: {state['message']}")
+            gates = [tokenizer_gate(driver, bundle, log), graph_gate(driver, bundle.path, provider, exactness, log),
+                     loop_gate(driver, bundle.path, bundle.voices(), exactness, log)]
+            browser = driver.capabilities.get("browserVersion", "?")
+        finally:
+            driver.quit()
     record = {"checked_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "browser": f"Chromium {browser} (headless)", "provider": state["provider"], "threads": state["threads"],
               "passed": all(g["passed"] for g in gates), "gates": gates}

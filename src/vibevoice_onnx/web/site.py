@@ -4,8 +4,10 @@ serves it (with the cross-origin isolation headers, WASM runs multi-threaded; se
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
+import threading
 import json
 import os
 import shutil
@@ -113,3 +115,18 @@ def site_server(site: Path, port: int, host: str = "127.0.0.1") -> http.server.T
     except OSError as e:
         raise VibeVoiceError(f"{host}:{port}: cannot listen there ({e.strerror or e}); give another port, or 0 for "
                              "any free one") from None
+
+
+@contextlib.contextmanager
+def served(site: Path):
+    """`site` served on 127.0.0.1 (any free port) in a thread for the block: its URL, without a trailing slash;
+    stopped, its port closed, when the block ends."""
+    server = site_server(Path(site), 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -97,8 +97,8 @@ api.placement = async (name) => {
     const node = /^\s+(\w+) \(/.exec(line.replace(/^.*\] /, ""));
     if (all || some) {
       const [, provider, count] = all || some;
-      current = some ? (placed[provider] = { nodes: Number(count), ops: {} }) : null;
-      if (all) placed[provider] = { nodes: Number(count), ops: {} };
+      placed[provider] = { nodes: Number(count), ops: {} };
+      current = some ? placed[provider] : null; // a split lists its nodes next, a line each
     } else if (current && node) {
       current.ops[node[1]] = (current.ops[node[1]] ?? 0) + 1;
     } else {
