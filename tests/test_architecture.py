@@ -126,8 +126,24 @@ def test_the_runtime_layer_imports_no_torch_transformers_or_onnx_at_module_level
     assert roots and not heavy, f"imported when the runtime is: {heavy}"
 
 
+def test_the_torch_free_builder_imports_no_torch_or_transformers_at_module_level():
+    """writer/ and the build command's module (export/build.py) run in the base install: onnx is theirs, torch and
+    transformers are only the traced path's, imported when it is taken."""
+    inside, outside = import_graph(module_level_only=True)
+    roots = [m for m in inside if m.split(".")[1:2] == ["writer"] or m.endswith(".export.build")]
+    reached, pending = set(), list(roots)
+    while pending:
+        module = pending.pop()
+        if module not in reached:
+            reached.add(module)
+            pending.extend(inside[module])
+    heavy = {m: sorted(outside[m] & {"torch", "transformers"}) for m in sorted(reached) if outside[m] & {"torch", "transformers"}}
+    assert len(roots) > 3 and not heavy, f"imported when the builder is: {heavy}"
+
+
 def own_stems() -> set[str]:
-    named = [getattr(f, field) for f in FAMILIES for field in ("exporter", "gates", "runtime", "reference", "torch_backend")]
+    named = [getattr(f, field) for f in FAMILIES
+             for field in ("exporter", "writer", "gates", "runtime", "reference", "torch_backend")]
     return {name.partition(":")[0].rsplit(".", 1)[-1] for name in named if name} | PROFILE_STEMS
 
 
@@ -157,7 +173,7 @@ def test_the_allow_list_names_real_files_that_need_it():
 def test_every_name_a_record_gives_loads():
     """Each "module:attribute" (or module) a record names exists: a typo fails here, not at a user's build."""
     named = ("hub_config", "layout", "variants", "preprocessor", "added_tokens", "reference", "to_transformers",
-             "torch_backend", "exporter", "policy", "gates", "runtime")
+             "torch_backend", "exporter", "writer", "policy", "gates", "runtime")
     for record in FAMILIES:
         for name in filter(None, (getattr(record, field) for field in named)):
             assert load(name) is not None, (record.name, name)

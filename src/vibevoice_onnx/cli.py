@@ -64,8 +64,9 @@ def cmd_build(args) -> int:
         profile = FixedProfile.from_options(args.cache, args.decoder_frames, args.ort_format)
     elif args.cache is not None or args.decoder_frames is not None or args.ort_format:
         raise VibeVoiceError("--cache, --decoder-frames and --ort-format go with --profile fixed")
+    write = {"auto": None, "written": True, "traced": False}[args.graphs]
     bundle = build_bundle(Path(args.checkpoint), Path(args.out_root), args.precision, args.device,
-                          Path(args.tokenizer) if args.tokenizer else None, profile)
+                          Path(args.tokenizer) if args.tokenizer else None, profile, write=write)
     print(bundle)
     return 0
 
@@ -448,7 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_checkpoint)
 
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
-    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="the checkpoint folder to export (torch needed here)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="the checkpoint folder to export")
+    p.add_argument("--graphs", choices=["auto", "written", "traced"], default="auto", help="written: the graphs "
+                   "written from the checkpoint without PyTorch (realtime so far; proven equal to the traced ones); "
+                   "traced: exported from the PyTorch reference (the export extra); auto (default): written where "
+                   "PyTorch is not installed, traced where it is")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
                    help="fp32; int8, int4 or int4-mixed weight-only (CPU; int4-mixed: 4 bits only where the "

@@ -69,6 +69,7 @@ class Family:
     to_transformers: str | None = None  # hub name -> the transformers model's name (None: the same)
     torch_backend: str | None = None  # (reference) -> its backend for the runtime's generation loop (timing)
     exporter: str | None = None  # the module that knows its graphs (export/build.py)
+    writer: str | None = None  # the module that writes its graphs from the checkpoint without torch (writer/)
     policy: str | None = None  # {precision: {graph: Scheme}} (export/precision.py)
     gates: str | None = None  # the module holding its parity gates (verify)
     runtime: str | None = None  # the torch-free API class that opens its bundles (vibevoice_onnx.open returns it)
@@ -120,8 +121,8 @@ FAMILIES = (
         hub_config="checkpoints.configs:realtime_config", layout="checkpoints.layouts:realtime_layout",
         split_lm=True, shards=1, tiny_layers=6, processor_class="VibeVoiceStreamingProcessor",
         reference="reference.loading:load_realtime", torch_backend="reference.realtime:TorchRealtimeBackend",
-        exporter="export.realtime", policy="export.precision:REALTIME_POLICY", gates="verify.realtime",
-        runtime="runtime.realtime:RealtimeTTS", voices="preset", defaults=Defaults(cfg_scale=1.5, steps=5),
+        exporter="export.realtime", writer="writer.realtime", policy="export.precision:REALTIME_POLICY",
+        gates="verify.realtime", runtime="runtime.realtime:RealtimeTTS", voices="preset", defaults=Defaults(cfg_scale=1.5, steps=5),
         capabilities=Capabilities(speaks=True, streams=True, batchable=True, in_browser=True),
     ),
     LONG_FORM,

@@ -182,3 +182,30 @@ def format_report(r: dict, limit: int = 20) -> str:
     lines += [f"  {name}" for name in r["non_finite"][:limit]]
     lines.append("result       " + _verdict(r))
     return "\n".join(lines)
+
+
+def listing(names: list[str], limit: int = 10) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_layout(checkpoint: Checkpoint) -> dict:
+    """Raise with the offending names unless the checkpoint matches its layout exactly."""
+    report = inspect_checkpoint(checkpoint)
+    root = checkpoint.root
+    problems = []
+    if report["missing"]:
+        problems.append(f"{len(report['missing'])} missing ({listing(report['missing'])})")
+    if report["unexpected"]:
+        problems.append(f"{len(report['unexpected'])} unexpected ({listing(report['unexpected'])})")
+    if report["shape_mismatches"]:
+        shapes = [f"{m['name']} {m['actual']} != {m['expected']}" for m in report["shape_mismatches"]]
+        problems.append(f"{len(shapes)} with the wrong shape ({listing(shapes)})")
+    if problems:
+        raise CheckpointError(f"{root}: does not match the {report['kind']} layout: " + "; ".join(problems))
+    if report["non_finite"]:
+        raise CheckpointError(
+            f"{root}: holds non-finite values in {listing(report['non_finite'])}; a usable checkpoint has finite "
+            "values there (upstream initialises the latent scaling buffers to NaN: was the checkpoint fully converted?)"
+        )
+    return report

@@ -24,7 +24,7 @@ from ..families import family, stage
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from ..runtime.manifest import Manifest
-from .graphs import OPSET, export_graph
+from ..writer.graph import OPSET
 
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
 _ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
@@ -72,14 +72,44 @@ def graph_entry(path: Path, extra: dict) -> dict:
     }
 
 
-def tool_versions() -> dict:
+# How a bundle's graphs were made: traced from the PyTorch reference by torch.onnx, or written from the
+# checkpoint by the torch-free writer (writer/); manifests record it under tools["graphs"].
+TRACED, WRITTEN = "torch.onnx", "vibevoice-onnx writer"
+
+
+def tool_versions(graphs: str = TRACED) -> dict:
     versions = {}
     for package in ("vibevoice-onnx", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "numpy"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return versions
+    return {**versions, "graphs": graphs}
+
+
+def torch_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ImportError:  # an import hook that refuses it
+        return False
+
+
+def graph_maker(kind: str, profile, write: bool | None) -> str:
+    """TRACED or WRITTEN: `write` True asks for the writer, False for tracing, None picks the writer where torch
+    is not installed (the base install) and tracing where it is (today's proven path)."""
+    writes = family(kind).writer is not None and profile is None
+    if write is None:
+        write = writes and not torch_installed()
+    if write and not writes:
+        why = "the fixed-shape profile" if profile is not None and family(kind).writer else f"{kind} checkpoints"
+        raise VibeVoiceError(f"graphs written without PyTorch are not available for {why} yet; build it with "
+                             "PyTorch installed (pip install 'vibevoice-onnx[export]')")
+    if not write and not torch_installed():
+        raise VibeVoiceError(f"building {kind} bundles needs PyTorch here (pip install 'vibevoice-onnx[export]')"
+                             + ("" if writes else f": {kind} graphs are not written without it yet"))
+    return WRITTEN if write else TRACED
 
 
 def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
@@ -121,18 +151,18 @@ def check_variant(device: str, precision: str) -> None:
         raise VibeVoiceError(f"{device}_{precision} bundles are not built: {why}build it with --device {other}")
 
 
-def reusable_fp32(kind_root: Path, source_hash: str, profile=None) -> Path | None:
+def reusable_fp32(kind_root: Path, source_hash: str, profile=None, graphs: str = TRACED) -> Path | None:
     """A complete fp32 bundle of the same checkpoint and profile beside the target, built by the same tools: its
     graphs are what a fresh export would give, so quantized variants start from them instead of exporting again."""
-    from ..runtime.bundle import Bundle
-
+    compared = ("torch", "transformers", "onnx", "onnxscript") if graphs == TRACED else ("onnx", "vibevoice-onnx")
     for candidate in sorted(Path(kind_root).glob(f"*_fp32{profile.suffix if profile else ''}")):
         try:
             manifest = Manifest.read(candidate)
         except VibeVoiceError:
             continue
-        same_tools = {k: manifest.tools.get(k) for k in ("torch", "transformers", "onnx", "onnxscript")} == {
-            k: tool_versions()[k] for k in ("torch", "transformers", "onnx", "onnxscript")}
+        wanted = tool_versions(graphs)
+        same_tools = manifest.tools.get("graphs", TRACED) == graphs and \
+            {k: manifest.tools.get(k) for k in compared} == {k: wanted[k] for k in compared}
         recorded_profile = manifest.profile or {}
         same_profile = recorded_profile.get("name") is None if profile is None else \
             {k: recorded_profile.get(k) for k in profile.manifest()} == profile.manifest()
@@ -148,10 +178,23 @@ def _copy_graph(source: Path, graph: dict, tmp: Path) -> dict:
     return graph
 
 
+def _written_graphs(kind: str, checkpoint: Checkpoint, tmp: Path) -> dict:
+    """Every graph of the kind written from the checkpoint without torch (writer/), and its host tensors."""
+    from ..checkpoints.inspect import check_layout
+    from ..families import load
+
+    check_layout(checkpoint)  # strict, as the traced path's loading: refuses a checkpoint that does not match
+    writer = load(family(kind).writer)
+    graphs = {name: graph_entry(path, extra) for name, (path, extra) in writer.graphs(checkpoint, tmp, log).items()}
+    save_file(writer.host_tensors(checkpoint), str(tmp / HOST_TENSORS))
+    return graphs
+
+
 def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Path | None) -> dict:
     """Every graph of the kind; those whose weights stay in the shards are streamed (and quantized as their
     scheme says) instead of exported from memory. The others, with an fp32 `sibling` bundle of the same
     checkpoint, are copied from it with its host tensors (they stay fp32 in every precision)."""
+    from .graphs import export_graph
     from .streaming import export_streamed
 
     kept = Manifest.read(sibling).graphs if sibling else {}
@@ -233,15 +276,20 @@ def build_cost(kind: str, precision: str, parameters: int) -> tuple[float, float
 
 
 def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), precision: str = "fp32", device: str = "cpu",
-                 tokenizer: Path | None = None, profile=None, origin: dict | None = None) -> Path:
+                 tokenizer: Path | None = None, profile=None, origin: dict | None = None, write: bool | None = None) -> Path:
     """`profile`: None for the default (dynamic shapes), or export.fixed.FixedProfile. `origin`: what else the
-    manifest records of where the checkpoint came from (a Hub repository, its commit, the tokenizer's)."""
+    manifest records of where the checkpoint came from (a Hub repository, its commit, the tokenizer's). `write`:
+    the graphs written without torch (True), traced (False), or the writer only where torch is missing (None)."""
     check_variant(device, precision)
     checkpoint = Checkpoint.open(source)
     files, dims = checkpoint.files, checkpoint.dims
     if profile is not None:
         profile.check_kind(dims.kind)
-    exporter = _exporter(dims.kind) if profile is None else profile.exporter()
+    made_by = graph_maker(dims.kind, profile, write)
+    if made_by == WRITTEN:
+        exporter = None
+    else:
+        exporter = _exporter(dims.kind) if profile is None else profile.exporter()
     tokenizer_path = resolve_tokenizer(checkpoint.root, tokenizer)
     preprocessor = _preprocessor(checkpoint.root, dims.kind)
     from .precision import policy
@@ -254,15 +302,20 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
     source_hash = checkpoint.hash
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32.
-    source = reusable_fp32(final.parent, source_hash, profile) if precision != "fp32" else None
+    source = reusable_fp32(final.parent, source_hash, profile, made_by) if precision != "fp32" else None
     fresh = source is None or hasattr(exporter, "streamed_weights")
-    if fresh:
+    if fresh and exporter is not None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         model = exporter.load_model(checkpoint)  # strict: refuses a checkpoint that does not match before any output
     if source is not None:
         log(f"  starting from the fp32 graphs of {source} (same checkpoint, same tools)")
     with atomic_directory(final, log, keep=carry_over_voices, action="writing the bundle") as tmp:
-        graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source) if fresh else _copied_graphs(source, tmp)
+        if not fresh:
+            graphs = _copied_graphs(source, tmp)
+        elif exporter is None:
+            graphs = _written_graphs(dims.kind, checkpoint, tmp)
+        else:
+            graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source)
         if precision != "fp32":
             _convert_precision(dims.kind, profile, precision, graphs, tmp)
         profile_record = profile.finish(tmp, graphs, log) if profile is not None else None
@@ -280,7 +333,7 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
             "tokenizer": {"file": "tokenizer.json", "from": str(tokenizer_path.resolve())},
             "host_tensors": HOST_TENSORS,
             "graphs": graphs,
-            "tools": tool_versions(),
+            "tools": tool_versions(made_by),
             "build_seconds": round(time.perf_counter() - started, 1),
             "parity": None,  # filled by `vibevoice-onnx verify`
             **({"profile": profile_record} if profile_record else {}),

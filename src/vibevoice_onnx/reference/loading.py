@@ -19,40 +19,13 @@ from torch import nn
 
 from ..checkpoints.checkpoint import Checkpoint
 from ..checkpoints.files import CheckpointFiles
-from ..checkpoints.inspect import inspect_checkpoint
+from ..checkpoints.inspect import check_layout, listing as _listing
 from ..checkpoints.names import normalise_key, realtime_to_reference
 from ..errors import CheckpointError
 from ..families import family, load
 
 Rename = Callable[[str], "str | None"]  # None: a stored tensor the reference deliberately does not load
 HEAD = "lm_head.weight"
-
-
-def _listing(names: list[str], limit: int = 10) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def check_layout(checkpoint: Checkpoint) -> dict:
-    """Raise with the offending names unless the checkpoint matches its layout exactly."""
-    report = inspect_checkpoint(checkpoint)
-    root = checkpoint.root
-    problems = []
-    if report["missing"]:
-        problems.append(f"{len(report['missing'])} missing ({_listing(report['missing'])})")
-    if report["unexpected"]:
-        problems.append(f"{len(report['unexpected'])} unexpected ({_listing(report['unexpected'])})")
-    if report["shape_mismatches"]:
-        shapes = [f"{m['name']} {m['actual']} != {m['expected']}" for m in report["shape_mismatches"]]
-        problems.append(f"{len(shapes)} with the wrong shape ({_listing(shapes)})")
-    if problems:
-        raise CheckpointError(f"{root}: does not match the {report['kind']} layout: " + "; ".join(problems))
-    if report["non_finite"]:
-        raise CheckpointError(
-            f"{root}: holds non-finite values in {_listing(report['non_finite'])}; a usable checkpoint has finite "
-            "values there (upstream initialises the latent scaling buffers to NaN: was the checkpoint fully converted?)"
-        )
-    return report
 
 
 HALF = (torch.bfloat16, torch.float16)

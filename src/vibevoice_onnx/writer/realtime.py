@@ -1,0 +1,58 @@
+"""A realtime bundle's seven graphs and host tensors, written from the checkpoint without PyTorch (the graphs
+of export/realtime.py, operator for operator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import write_graph
+from .blocks import F32, Weights, connector, decoder_stream, gemm, head_conditioning, head_step, language_model
+
+DECODER = "model.acoustic_tokenizer.decoder."
+HEAD = "model.prediction_head."
+
+
+def graphs(checkpoint, directory: Path, log: Callable[[str], None]) -> dict[str, tuple[Path, dict]]:
+    """Every graph of the bundle, written into `directory`: {name: (path, manifest additions)}."""
+    dims, weights = checkpoint.dims, Weights(checkpoint.files)
+    lower, upper = weights.under("model.language_model."), weights.under("model.tts_language_model.")
+    head, decoder = weights.under(HEAD), weights.under(DECODER)
+    connector_weights, eos = weights.under("model.acoustic_connector."), weights.under("tts_eos_classifier.")
+    hidden, latent = dims.lm.hidden, dims.head.latent
+
+    def lm_bytes(w: Weights) -> int:
+        return w.nbytes() - w.nbytes(["embed_tokens.weight"])
+
+    def eos_classifier(g):
+        x = g.input("hidden_states", F32, ["batch", hidden])
+        logits = gemm(g, g.op("Relu", gemm(g, x, eos, "fc1", bias=True)), eos, "fc2", bias=True)
+        g.output(logits, "logits", F32, ["batch", 1])
+
+    def acoustic_connector(g):
+        x = g.input("latents", F32, ["batch", "frames", latent])
+        g.output(connector(g, x, connector_weights), "embeddings", F32, ["batch", "frames", hidden])
+
+    plan = [
+        ("lower_lm", lm_bytes(lower), lambda g: language_model(g, lower, dims.lm, final_norm=False)),
+        ("upper_lm", lm_bytes(upper), lambda g: language_model(g, upper, dims.tts_lm, final_norm=True)),
+        ("diffusion_head_conditioning", head.nbytes(), lambda g: head_conditioning(g, head, dims.head)),
+        ("diffusion_head_step", head.nbytes(), lambda g: head_step(g, head, dims.head)),
+        ("acoustic_connector", connector_weights.nbytes(), acoustic_connector),
+        ("eos_classifier", eos.nbytes(), eos_classifier),
+        ("acoustic_decoder_stream", decoder.nbytes(), lambda g: decoder_stream(g, decoder, dims.acoustic_decoder)),
+    ]
+    return {name: write_graph(name, directory, size, body, log) for name, size, body in plan}
+
+
+def host_tensors(checkpoint) -> dict[str, np.ndarray]:
+    """The text embedding (in its stored dtype), the type rows, the latent scale and bias (export/realtime.py's)."""
+    files = checkpoint.files
+    return {
+        "embed_tokens": files.read("model.language_model.embed_tokens.weight"),
+        "tts_input_types": np.asarray(files.read("model.tts_input_types.weight")).astype(F32),
+        "speech_scaling_factor": np.asarray(files.read("model.speech_scaling_factor")).astype(F32),
+        "speech_bias_factor": np.asarray(files.read("model.speech_bias_factor")).astype(F32),
+    }

@@ -1,0 +1,178 @@
+"""The torch-free builder (writer/): a realtime bundle built where torch cannot be imported, held to the bundle
+torch.onnx traces from the same checkpoint — every graph's outputs on the same inputs, the quantized weights, the
+whole generation loop — and then spoken from without torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from helpers import torch_blocked_environment
+from vibevoice_onnx.export.build import TRACED, WRITTEN, build_bundle
+
+# fp32's own limits for one graph computed two ways (the same operators; the rotary and timestep tables rounded
+# from float64 where torch's fp32 kernels round their own way): the largest difference against the output's
+# scale, the direction, and the gain (the norms' ratio), so an output off in size fails as one off in direction.
+MAX_ERROR, MIN_COSINE, MAX_GAIN_ERROR = 1e-5, 0.9999999, 1e-6
+# Graphs with no such table: the same operators on the same weights give the same bits.
+BITWISE = ("diffusion_head_step", "acoustic_connector", "eos_classifier", "acoustic_decoder_stream")
+SIZES = {"batch": 2, "sequence": 3, "capacity": 16, "frames": 2}
+
+
+def run_blocked(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a process where torch and transformers cannot be imported (the base install)."""
+    return subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", *args], capture_output=True, text=True,
+                          env=torch_blocked_environment(tmp), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def written(tiny_checkpoints, tmp_path_factory) -> Path:
+    """fp32 and int8 realtime bundles built with torch blocked (the int8 one from the fp32 one beside it)."""
+    root = tmp_path_factory.mktemp("written")
+    for precision in ("fp32", "int8"):
+        done = run_blocked(root, "build", str(tiny_checkpoints["realtime"]), "-o", str(root / "onnx"),
+                           "--precision", precision)
+        assert done.returncode == 0, done.stderr
+    return root / "onnx" / "realtime"
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_bundle, tiny_checkpoints, tmp_path_factory) -> Path:
+    """The traced fp32 bundle the other tests use, and the traced int8 bundle made from it."""
+    root = tmp_path_factory.mktemp("traced") / "onnx"
+    shutil.copytree(tiny_bundle, root / "realtime" / "cpu_fp32")
+    build_bundle(tiny_checkpoints["realtime"], root, "int8", write=False)
+    return root / "realtime"
+
+
+def graph_inputs(entry: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs a graph takes: two rows of three new tokens over a 16-slot cache, two latent frames, random states."""
+    fixed = {"seqlens_k": np.array([2, 2], np.int32), "total_sequence_length": np.array(3, np.int32),
+             "position_ids": np.tile(np.arange(3), (2, 1)), "timesteps": np.array([999.0, 500.0], np.float32)}
+    feeds = {}
+    for spec in entry["inputs"]:
+        shape = [SIZES[d] if isinstance(d, str) else d for d in spec["shape"]]
+        feeds[spec["name"]] = fixed.get(spec["name"], rng.standard_normal(shape).astype(spec["dtype"]))
+    return feeds
+
+
+def outputs(bundle: Path, entry: dict, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(bundle / entry["file"]), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def closeness(reference: np.ndarray, other: np.ndarray) -> tuple[float, float, float]:
+    """(largest difference against the reference's scale, cosine, |gain - 1|)."""
+    a, b = reference.astype(np.float64).ravel(), other.astype(np.float64).ravel()
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    cosine = float(a @ b / norms) if norms else float(np.array_equal(a, b))
+    gain = np.linalg.norm(b) / np.linalg.norm(a) if np.linalg.norm(a) else 1.0
+    return float(np.abs(a - b).max() / (np.abs(a).max() or 1.0)), cosine, abs(gain - 1.0)
+
+
+def manifest(bundle: Path) -> dict:
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_the_base_install_builds_a_realtime_bundle_by_writing_its_graphs(written, traced):
+    """With torch blocked, `build` writes the graphs (the manifest says so), and the bundle holds the traced
+    bundle's graphs with the same inputs, outputs and streaming states."""
+    for precision in ("fp32", "int8"):
+        ours, theirs = manifest(written / f"cpu_{precision}"), manifest(traced / f"cpu_{precision}")
+        assert ours["tools"]["graphs"] == WRITTEN and ours["tools"]["torch"] in (None, theirs["tools"]["torch"])
+        assert theirs["tools"]["graphs"] == TRACED
+        assert ours["graphs"].keys() == theirs["graphs"].keys()
+        for name, entry in ours["graphs"].items():
+            for side in ("inputs", "outputs"):
+                assert [(v["name"], v["dtype"]) for v in entry[side]] == \
+                    [(v["name"], v["dtype"]) for v in theirs["graphs"][name][side]], (precision, name, side)
+            assert entry.get("states") == theirs["graphs"][name].get("states"), name
+            assert entry.get("precision", {}).get("scheme") == theirs["graphs"][name].get("precision", {}).get("scheme")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_every_written_graph_computes_what_the_traced_one_does(written, traced, precision):
+    rng = np.random.default_rng(0)
+    ours, theirs = written / f"cpu_{precision}", traced / f"cpu_{precision}"
+    for name, entry in manifest(ours)["graphs"].items():
+        feeds = graph_inputs(entry, rng)
+        for reference, other in zip(outputs(theirs, manifest(theirs)["graphs"][name], feeds), outputs(ours, entry, feeds)):
+            if name in BITWISE:
+                assert np.array_equal(reference, other), name
+            error, cosine, gain = closeness(reference, other)
+            assert error <= MAX_ERROR and cosine >= MIN_COSINE and gain <= MAX_GAIN_ERROR, (name, error, cosine, gain)
+
+
+def quantized_weights(path: Path) -> list[np.ndarray]:
+    """Every 8-bit initializer and every input of a MatMulNBits (codes, scales, zero points), in node order."""
+    model = onnx.load(str(path))
+    stored = {t.name: t for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        for index, name in enumerate(node.input):
+            tensor = stored.get(name)
+            if tensor is not None and (node.op_type == "MatMulNBits" and index > 0
+                                       or tensor.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)):
+                found.append(numpy_helper.to_array(tensor))
+    return found
+
+
+def test_the_written_int8_bundle_holds_the_traced_bundles_quantized_weights_bit_for_bit(written, traced):
+    for name, entry in manifest(written / "cpu_int8")["graphs"].items():
+        ours = quantized_weights(written / "cpu_int8" / entry["file"])
+        theirs = quantized_weights(traced / "cpu_int8" / entry["file"])
+        assert len(ours) == len(theirs), name
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(ours, theirs)), name
+        quantizes = entry["precision"]["scheme"] != "fp32"
+        assert bool(ours) == quantizes, name  # every quantized graph holds such weights, no fp32 one does
+
+
+def test_the_whole_loop_speaks_the_same_audio_from_both_bundles(written, traced, tiny_preset, tmp_path):
+    import vibevoice_onnx
+    from vibevoice_onnx.runtime.voice_store import import_voice
+
+    bundle = shutil.copytree(written / "cpu_fp32", tmp_path / "cpu_fp32")
+    import_voice(bundle, tiny_preset, "synthetic")
+    speech = [vibevoice_onnx.open(b, threads=1).create("Hello there, said twice.", voice="synthetic", seed=7,
+                                                       max_frames=12)[0] for b in (traced / "cpu_fp32", bundle)]
+    assert speech[0].shape == speech[1].shape and speech[0].size == 12 * 3200
+    error, cosine, gain = closeness(*speech)
+    assert error <= 1e-4 and cosine >= 0.999999 and gain <= 1e-5, (error, cosine, gain)
+
+
+def test_the_written_bundle_speaks_without_torch(written, tiny_preset, tmp_path):
+    bundle = shutil.copytree(written / "cpu_int8", tmp_path / "cpu_int8")
+    for step in (["voices", "import", str(bundle), str(tiny_preset), "--name", "synthetic"],
+                 ["speak", str(bundle), "Hello.", "--voice", "synthetic", "--max-frames", "6", "--force", "-o",
+                  str(tmp_path / "hello.wav")]):
+        done = run_blocked(tmp_path, *step)
+        assert done.returncode == 0, done.stderr
+    import soundfile
+
+    audio, rate = soundfile.read(tmp_path / "hello.wav")
+    assert rate == 24000 and audio.size == 6 * 3200 and np.abs(audio).max() > 0
+
+
+def test_a_kind_the_writer_does_not_cover_yet_gets_one_sentence_without_torch(tiny_checkpoints, tmp_path):
+    done = run_blocked(tmp_path, "build", str(tiny_checkpoints["1.5b"]), "-o", str(tmp_path / "onnx"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "building 1.5b bundles needs PyTorch here (pip install 'vibevoice-onnx[export]')" in done.stderr
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_the_fixed_profile_is_traced_only(tiny_checkpoints, tmp_path):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.export.fixed import FixedProfile
+
+    with pytest.raises(VibeVoiceError, match="not available for the fixed-shape profile yet"):
+        build_bundle(tiny_checkpoints["realtime"], tmp_path, profile=FixedProfile.from_options(None, None, False),
+                     write=True)
