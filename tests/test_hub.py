@@ -63,6 +63,25 @@ def test_a_hub_checkpoint_speaks_what_the_hand_built_bundle_speaks(first_use, by
     np.testing.assert_array_equal(audio(first_use["tmp"] / "second.wav"), audio(by_hand))
 
 
+def test_without_torch_a_hub_id_speaks_from_graphs_written_on_first_use(hub, by_hand, tiny_preset, tmp_path):
+    """The base install (torch and transformers cannot be imported): `speak --model` downloads the checkpoint,
+    writes the bundle's graphs, says so, and speaks what the traced bundle speaks (the LMs' rotary tables differ
+    in the last bit: within one step of the 16-bit samples); the second use finds the bundle."""
+    from helpers import torch_blocked_environment
+
+    env = {**environment(tmp_path, hub.endpoint), "PYTHONPATH": torch_blocked_environment(tmp_path)["PYTHONPATH"]}
+    said = {}
+    for name in ("first", "second"):
+        said[name] = cli("speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames",
+                         "12", "-o", tmp_path / f"{name}.wav", env=env).stderr
+        np.testing.assert_allclose(audio(tmp_path / f"{name}.wav"), audio(by_hand), atol=1, rtol=0)
+    assert "first use: writing the graphs of a realtime fp32 bundle" in said["first"], said["first"]
+    assert "its graphs written without PyTorch (not verified here" in said["first"]
+    assert "first use" not in said["second"] and "Traceback" not in said["first"] + said["second"]
+    manifest = json.loads(next((tmp_path / "home" / "bundles").glob("*/realtime/cpu_fp32/manifest.json")).read_text())
+    assert manifest["tools"]["graphs"] == "vibevoice-onnx writer" and manifest["parity"] is None
+
+
 def test_only_the_files_a_build_needs_are_downloaded_and_a_dropped_download_completes(first_use):
     names = sorted({path.rsplit("/", 1)[1] for path in first_use["fetched"]})
     # the checkpoint's config, weights and preprocessor config; the tokenizer from Qwen's repository
@@ -283,16 +302,17 @@ def test_the_tokenizer_is_chosen_by_the_lm_configuration():
     assert tts_preprocessor("realtime")["language_model_pretrained_name"] == "Qwen/Qwen2.5-0.5B"
 
 
-def test_a_missing_export_extra_is_one_sentence(monkeypatch):
+def test_a_missing_export_extra_is_one_sentence_where_the_graphs_are_not_written_without_it(monkeypatch):
     import importlib.util
 
     from vibevoice_onnx.errors import VibeVoiceError
-    from vibevoice_onnx.hub.cache import require_export_extra
+    from vibevoice_onnx.hub.cache import require_builder
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     with pytest.raises(VibeVoiceError, match=r"export extra \(torch not installed\): pip install"):
-        require_export_extra()
+        require_builder("1.5b")
+    require_builder("realtime")  # its graphs are written without torch
 
 
 def test_cache_list_and_remove(first_use):  # last: it frees the bundle the tests above share

@@ -265,11 +265,13 @@ def _preprocessor(checkpoint: Path, kind: str) -> dict:
     return {"preprocessor": preprocessor} if preprocessor is not None else {}
 
 
-def build_cost(kind: str, precision: str, parameters: int) -> tuple[float, float]:
-    """(minutes, peak GB) of a first build and verify of a checkpoint of `parameters`, scaled from the full-size
-    build and verify the kind's exporter measured on 2 cores (its BUILD_COST: seconds and peak GB per billion
-    parameters, by precision; a precision it did not measure takes its fp32 cost)."""
-    cost = _exporter(kind).BUILD_COST
+def build_cost(kind: str, precision: str, parameters: int, graphs: str = TRACED) -> tuple[float, float]:
+    """(minutes, peak GB) of a first build (and, traced, verify) of a checkpoint of `parameters`, scaled from the
+    full-size first use measured on 2 cores by the kind's exporter or writer (its BUILD_COST: seconds and peak GB
+    per billion parameters, by precision; a precision it did not measure takes its fp32 cost)."""
+    from ..families import load
+
+    cost = (load(family(kind).writer) if graphs == WRITTEN else _exporter(kind)).BUILD_COST
     seconds_per_billion, gb_per_billion = cost.get(precision, cost["fp32"])
     billions = parameters / 1e9
     return seconds_per_billion * billions / 60, max(1.0, gb_per_billion * billions)

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..generation.common import SpeechResult, Steering
-from .common import Gate, cosine, relative_error, rms
+from .judge import Gate, cosine, relative_error, rms
 
 SEEDS = (101, 102, 103, 104)  # one perturbed reference run each; fixed, so a verdict is reproducible
 MARGIN = 3.0  # how much worse than the worst same-sized random perturbation a bundle's loop may do

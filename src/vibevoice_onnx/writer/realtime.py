@@ -56,3 +56,8 @@ def host_tensors(checkpoint) -> dict[str, np.ndarray]:
         "speech_scaling_factor": np.asarray(files.read("model.speech_scaling_factor")).astype(F32),
         "speech_bias_factor": np.asarray(files.read("model.speech_bias_factor")).astype(F32),
     }
+
+
+# Seconds and peak GB per billion parameters of a first use without torch on 2 cores (export.build.build_cost),
+# measured on the full-size synthetic checkpoint (1.02 B parameters): see docs/benchmarks.md.
+BUILD_COST = {"fp32": (60.0, 2.0)}
