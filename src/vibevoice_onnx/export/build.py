@@ -178,14 +178,17 @@ def _copy_graph(source: Path, graph: dict, tmp: Path) -> dict:
     return graph
 
 
-def _written_graphs(kind: str, checkpoint: Checkpoint, tmp: Path) -> dict:
-    """Every graph of the kind written from the checkpoint without torch (writer/), and its host tensors."""
+def _written_graphs(kind: str, checkpoint: Checkpoint, tmp: Path, schemes: dict) -> dict:
+    """Every graph of the kind written from the checkpoint without torch (writer/), quantized tensor by tensor
+    as `schemes` says, and its host tensors."""
     from ..checkpoints.inspect import check_layout
     from ..families import load
 
     check_layout(checkpoint)  # strict, as the traced path's loading: refuses a checkpoint that does not match
     writer = load(family(kind).writer)
-    graphs = {name: graph_entry(path, extra) for name, (path, extra) in writer.graphs(checkpoint, tmp, log).items()}
+    kept = {"precision": {"scheme": "fp32"}} if schemes else {}  # a quantized bundle's graphs that stay fp32 say so
+    graphs = {name: graph_entry(path, {**kept, **extra})
+              for name, (path, extra) in writer.graphs(checkpoint, tmp, log, schemes).items()}
     save_file(writer.host_tensors(checkpoint), str(tmp / HOST_TENSORS))
     return graphs
 
@@ -303,8 +306,9 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
     log("  hashing the source checkpoint")
     source_hash = checkpoint.hash
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
-    # an fp32 sibling it takes only the graphs that stay fp32.
-    source = reusable_fp32(final.parent, source_hash, profile, made_by) if precision != "fp32" else None
+    # an fp32 sibling it takes only the graphs that stay fp32. Written graphs are quantized as they are written.
+    reuses = precision != "fp32" and made_by == TRACED
+    source = reusable_fp32(final.parent, source_hash, profile, made_by) if reuses else None
     fresh = source is None or hasattr(exporter, "streamed_weights")
     if fresh and exporter is not None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -315,10 +319,10 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
         if not fresh:
             graphs = _copied_graphs(source, tmp)
         elif exporter is None:
-            graphs = _written_graphs(dims.kind, checkpoint, tmp)
+            graphs = _written_graphs(dims.kind, checkpoint, tmp, {} if precision == "fp16" else schemes)
         else:
             graphs = _fresh_graphs(exporter, model, files, tmp, schemes, source)
-        if precision != "fp32":
+        if precision != "fp32" and (exporter is not None or precision == "fp16"):
             _convert_precision(dims.kind, profile, precision, graphs, tmp)
         profile_record = profile.finish(tmp, graphs, log) if profile is not None else None
         shutil.copyfile(tokenizer_path, tmp / "tokenizer.json")

@@ -326,6 +326,29 @@ def quantize_weight(weight: np.ndarray, name: str, scheme: Scheme) -> tuple[dict
     return attributes, tensors
 
 
+def dynamic_weight(weight: np.ndarray, name: str) -> tuple[list[onnx.NodeProto], list[tuple[str, np.ndarray]]]:
+    """One MatMul weight [K, N] quantized by onnxruntime's own dynamic quantizer (quantize_dynamic, as `_dynamic`
+    calls it), on its own: the nodes it writes for the product of an input "x" with it, giving "y" (the input
+    quantized per call, MatMulInteger, the scales applied), and its named tensors (int8 weight in 7 bits per
+    output channel, scales, zero points), for a builder that writes graphs one weight at a time. The quantizer
+    treats each weight alone, so the same values `quantize_graph` gives (tested)."""
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", name], ["y"])], "product",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ascontiguousarray(weight, np.float32), name)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with tempfile.TemporaryDirectory() as folder, _quiet(logging.getLogger()):
+        target = Path(folder) / "product.onnx"
+        quantize_dynamic(model, target, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                         reduce_range=True, extra_options={"MatMulConstBOnly": True})
+        quantized = onnx.load(str(target))
+    return list(quantized.graph.node), [(t.name, numpy_helper.to_array(t)) for t in quantized.graph.initializer]
+
+
 # Ternary weights (ASR-BitNet's projections) packed exactly: MatMulNBits with 2-bit codes w + 2, onnxruntime's
 # default zero point 2 and scale 1.0 in every block, so its dequantized weight is exactly -1, 0 or 1, computed by
 # onnxruntime's int8 kernels (accuracy level 4), which quantize the inputs block by block with the block's largest

@@ -50,16 +50,21 @@ def rms_norm(g: GraphWriter, x: str, weight: str, eps: float) -> str:
     return g.op("Mul", g.op("Div", x, g.op("Sqrt", g.op("Add", mean, g.const(eps)))), weight)
 
 
-def linear(g: GraphWriter, x: str, w: Weights, name: str, bias: bool = True) -> str:
-    """A linear layer on activations of rank 3 or more: MatMul by the stored weight transposed, then its bias."""
-    out = g.op("MatMul", x, g.weight(f"{name}.weight.T", w(f"{name}.weight").T))
+def linear(g: GraphWriter, x: str, w: Weights, name: str, bias: bool = True, where: tuple[int, str] | None = None) -> str:
+    """A linear layer on activations of rank 3 or more: its stored weight transposed (quantized as the graph's
+    scheme says), then its bias."""
+    out = g.product(x, w(f"{name}.weight").T, f"{name}.weight.T", where)
     return g.op("Add", out, g.weight(f"{name}.bias", w(f"{name}.bias"))) if bias else out
 
 
 def gemm(g: GraphWriter, x: str, w: Weights, name: str, bias: bool = False, stored: np.ndarray | None = None) -> str:
-    """A linear layer on rows [N, in] (Gemm with the stored [out, in] weight, transB), as the exporter writes it."""
-    weight = g.weight(f"{name}.weight", w(f"{name}.weight") if stored is None else stored)
-    inputs = [x, weight] + ([g.weight(f"{name}.bias", w(f"{name}.bias"))] if bias else [])
+    """A linear layer on rows [N, in]: Gemm with the stored [out, in] weight (transB), as the exporter writes it;
+    in a quantized graph the product and the bias, as the quantizers rewrite a Gemm (export.precision)."""
+    weight = w(f"{name}.weight") if stored is None else stored
+    if g.scheme is not None:
+        out = g.product(x, weight.T, f"{name}.weight.T")
+        return g.op("Add", out, g.weight(f"{name}.bias", w(f"{name}.bias"))) if bias else out
+    inputs = [x, g.weight(f"{name}.weight", weight)] + ([g.weight(f"{name}.bias", w(f"{name}.bias"))] if bias else [])
     return g.op("Gemm", *inputs, alpha=1.0, beta=1.0, transA=0, transB=1)
 
 
@@ -109,23 +114,23 @@ def language_model(g: GraphWriter, w: Weights, q: QwenDims, final_norm: bool) ->
     kv = [(g.input(f"past_key_values.{i}.key", F32, [batch, q.kv_heads, capacity, q.head_dim]),
            g.input(f"past_key_values.{i}.value", F32, [batch, q.kv_heads, capacity, q.head_dim])) for i in range(q.layers)]
     widths = g.const([q.heads * q.head_dim, q.kv_heads * q.head_dim, q.kv_heads * q.head_dim], np.int64)
-    presents = []
+    presents, g.layers = [], q.layers
     for i in range(q.layers):
         layer = f"layers.{i}"
         normed = rms_norm(g, x, g.weight(f"{layer}.input_layernorm.weight", w(f"{layer}.input_layernorm.weight")), q.rms_eps)
         weight, bias = qkv_weights(w, layer)
-        packed = g.op("Add", g.op("MatMul", normed, g.weight(f"{layer}.qkv.weight.T", weight)), g.weight(f"{layer}.qkv.bias", bias))
+        packed = g.op("Add", g.product(normed, weight, f"{layer}.qkv.weight.T", (i, "qkv")), g.weight(f"{layer}.qkv.bias", bias))
         query, key, value = g.op("Split", packed, widths, outputs=3, axis=2)
         attended, present_key, present_value = g.op(
             "GroupQueryAttention", query, key, value, *kv[i], seqlens, total, cos, sin, outputs=3, domain=MS_DOMAIN,
             num_heads=q.heads, kv_num_heads=q.kv_heads, do_rotary=1, scale=float(q.head_dim ** -0.5))
         presents += [present_key, present_value]
-        x = g.op("Add", x, linear(g, attended, w, f"{layer}.self_attn.o_proj", bias=False))
+        x = g.op("Add", x, linear(g, attended, w, f"{layer}.self_attn.o_proj", bias=False, where=(i, "o")))
         normed = rms_norm(g, x, g.weight(f"{layer}.post_attention_layernorm.weight",
                                          w(f"{layer}.post_attention_layernorm.weight")), q.rms_eps)
-        gate = silu(g, linear(g, normed, w, f"{layer}.mlp.gate_proj", bias=False))
-        up = linear(g, normed, w, f"{layer}.mlp.up_proj", bias=False)
-        x = g.op("Add", x, linear(g, g.op("Mul", gate, up), w, f"{layer}.mlp.down_proj", bias=False))
+        gate = silu(g, linear(g, normed, w, f"{layer}.mlp.gate_proj", bias=False, where=(i, "gate")))
+        up = linear(g, normed, w, f"{layer}.mlp.up_proj", bias=False, where=(i, "up"))
+        x = g.op("Add", x, linear(g, g.op("Mul", gate, up), w, f"{layer}.mlp.down_proj", bias=False, where=(i, "down")))
     if final_norm:
         x = rms_norm(g, x, g.weight("norm.weight", w("norm.weight")), q.rms_eps)
     g.output(x, "hidden_states", F32, [batch, seq, q.hidden])
@@ -246,9 +251,9 @@ class ConvStack:
         full = g.op("Concat", state, x, axis=1)
         one, end, time = g.const([1], np.int64), g.const([INT64_MAX], np.int64), g.const([1], np.int64)
         self._new[key] = g.op("Transpose", g.op("Slice", full, g.const([-1], np.int64), end, time), perm=[0, 2, 1])
-        samples = g.op("Add", g.op("MatMul", g.op("Slice", full, one, end, time), g.weight(f"{name}.current", current)),
-                       g.op("MatMul", g.op("Slice", full, g.const([0], np.int64), g.const([-1], np.int64), time),
-                            g.weight(f"{name}.previous", previous)))
+        samples = g.op("Add", g.product(g.op("Slice", full, one, end, time), current, f"{name}.current"),
+                       g.product(g.op("Slice", full, g.const([0], np.int64), g.const([-1], np.int64), time), previous,
+                                 f"{name}.previous"))
         frames = g.op("Reshape", samples, g.const([1, -1, channels_out], np.int64), allowzero=1)
         return g.op("Add", frames, g.weight(f"{name}.bias", self.w(f"{name}.bias")))
 

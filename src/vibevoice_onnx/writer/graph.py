@@ -19,14 +19,16 @@ EXTERNAL_DATA_BYTES = 64 * 2**20  # graphs with more weights than this keep them
 ALIGNMENT = 4096  # tensor offsets in the data file, so onnxruntime can map them
 INT64_MAX = np.iinfo(np.int64).max
 _ELEMENT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-                  np.dtype(np.int32): TensorProto.INT32}
+                  np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int8): TensorProto.INT8,
+                  np.dtype(np.uint8): TensorProto.UINT8}
 
 
 class GraphWriter:
-    """One graph: `input`, `op` and `output` in run order, `weight` for a checkpoint's tensors (fp32),
-    `const` for the graph's own small constants (deduplicated), then `save`."""
+    """One graph: `input`, `op` and `output` in run order, `weight` for a checkpoint's tensors, `product` for a
+    linear layer's weight (quantized as it is written where the graph has a `scheme`: export.precision's Scheme
+    or Mixed), `const` for the graph's own small constants (deduplicated), then `save`."""
 
-    def __init__(self, name: str, directory: Path, external: bool):
+    def __init__(self, name: str, directory: Path, external: bool, scheme=None):
         self.name, self.path = name, Path(directory) / f"{name}.onnx"
         self.nodes: list[onnx.NodeProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -35,7 +37,9 @@ class GraphWriter:
         self.domains: set[str] = set()
         self._constants: dict[tuple, str] = {}
         self._counts: dict[str, int] = {}
-        self.weight_bytes = 0
+        self.weight_bytes = 0  # as written
+        self.fp32_bytes = 0  # what the weights would take in fp32
+        self.scheme, self.quantized, self.layers = scheme, 0, None  # layers: an LM's, for a Mixed scheme's rules
         self.data_path = self.path.with_name(self.path.name + ".data") if external else None
         self._data = open(self.data_path, "wb") if external else None
         self._offset = 0
@@ -77,11 +81,14 @@ class GraphWriter:
             self._constants[key] = name
         return self._constants[key]
 
-    def weight(self, name: str, array: np.ndarray) -> str:
-        """A weight (float32), written to the data file now where the graph keeps its weights outside."""
-        array = np.ascontiguousarray(array, dtype=np.float32)
+    def weight(self, name: str, array: np.ndarray, fp32_bytes: int | None = None) -> str:
+        """A weight (float32, or the integers of a quantized one), written to the data file now where the graph
+        keeps its weights outside."""
+        array = np.asarray(array)
+        array = np.ascontiguousarray(array, dtype=array.dtype if array.dtype in (np.int8, np.uint8) else np.float32)
         name = self._unique(name)
         self.weight_bytes += array.nbytes
+        self.fp32_bytes += array.nbytes if fp32_bytes is None else fp32_bytes
         if self._data is None:
             self.initializers.append(numpy_helper.from_array(array, name))
             return name
@@ -89,21 +96,62 @@ class GraphWriter:
         self._data.seek(offset)
         self._data.write(array.tobytes())
         self._offset = offset + array.nbytes
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=array.shape,
+        tensor = TensorProto(name=name, data_type=_ELEMENT_TYPES[array.dtype], dims=array.shape,
                              data_location=TensorProto.EXTERNAL)
         for key, value in (("location", self.data_path.name), ("offset", str(offset)), ("length", str(array.nbytes))):
             tensor.external_data.add(key=key, value=value)
         self.initializers.append(tensor)
         return name
 
+    def product(self, x: str, weight: np.ndarray, name: str, where: tuple[int, str] | None = None) -> str:
+        """x times a linear layer's weight, transposed [in, out]: a MatMul in fp32, or what the graph's scheme makes
+        of it (`where`: the LM layer and projection a Mixed scheme's rules pick by)."""
+        from ..export.precision import Mixed, dynamic_weight, quantize_weight
+
+        scheme = self.scheme
+        if isinstance(scheme, Mixed):
+            scheme = scheme.pick(where[0], self.layers, where[1])
+        if scheme is None:
+            return self.op("MatMul", x, self.weight(name, weight))
+        self.quantized += 1
+        share = weight.nbytes / 4  # the fp32 bytes, spread over the tensors it becomes
+        if scheme.method == "dynamic":
+            nodes, tensors = dynamic_weight(weight, name)
+            renamed = {t: self.weight(t, array, fp32_bytes=share) for t, array in tensors}
+            return self._splice(nodes, {"x": x, **renamed}, "y")
+        attributes, tensors = quantize_weight(np.ascontiguousarray(weight, np.float32), name, scheme)
+        inputs = [self.weight(t, array, fp32_bytes=share) for t, array in tensors]
+        return self.op("MatMulNBits", x, *inputs, domain=MS_DOMAIN, **{k: int(v) for k, v in attributes.items()})
+
+    def _splice(self, nodes: list[onnx.NodeProto], names: dict[str, str], output: str) -> str:
+        """Another writer's nodes (onnxruntime's quantizer's) added under fresh names; returns what `output` became."""
+        for node in nodes:
+            for o in node.output:
+                names.setdefault(o, self._unique(node.op_type.lower()))
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.input[:] = [names[i] for i in node.input]
+            copy.output[:] = [names[o] for o in node.output]
+            copy.name = self._unique(f"node_{node.op_type.lower()}")
+            self.nodes.append(copy)
+        return names[output]
+
+    def describe_precision(self) -> dict | None:
+        """The manifest's record of what the scheme made of the graph (as export.precision.quantize_graph's)."""
+        if self.scheme is None:
+            return None
+        return {**self.scheme.describe(), "matmuls": self.quantized, "weight_bytes_before": self.fp32_bytes,
+                "weight_bytes_after": self.weight_bytes}
+
     def save(self) -> Path:
         if self._data is not None:
             self._data.close()
-        # Every value these graphs compute is fp32: typed here because no shape inference can type what follows
-        # a com.microsoft operator, and onnxruntime's quantizers need each MatMul input's type.
+        # Every value these graphs compute is fp32 but a quantizer's integers: typed here because no shape
+        # inference can type what follows a com.microsoft operator, and onnxruntime's quantizers need each
+        # MatMul input's type.
         declared = {v.name for v in self.outputs}
-        typed = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for node in self.nodes for o in node.output
-                 if o not in declared]
+        typed = [helper.make_tensor_value_info(o, _computed_type(node, i), None) for node in self.nodes
+                 for i, o in enumerate(node.output) if o not in declared]
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers, value_info=typed)
         opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(self.domains)]
         model = helper.make_model(graph, opset_imports=opsets, producer_name="vibevoice-onnx writer")
@@ -114,3 +162,9 @@ class GraphWriter:
     def abandon(self) -> None:
         if self._data is not None:
             self._data.close()
+
+
+def _computed_type(node: onnx.NodeProto, index: int) -> int:
+    if node.op_type == "DynamicQuantizeLinear":
+        return TensorProto.FLOAT if index == 1 else TensorProto.UINT8
+    return TensorProto.INT32 if node.op_type == "MatMulInteger" else TensorProto.FLOAT

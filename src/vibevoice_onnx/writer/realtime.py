@@ -15,8 +15,9 @@ DECODER = "model.acoustic_tokenizer.decoder."
 HEAD = "model.prediction_head."
 
 
-def graphs(checkpoint, directory: Path, log: Callable[[str], None]) -> dict[str, tuple[Path, dict]]:
-    """Every graph of the bundle, written into `directory`: {name: (path, manifest additions)}."""
+def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dict) -> dict[str, tuple[Path, dict]]:
+    """Every graph of the bundle, written into `directory` with its weights quantized as `schemes` (graph ->
+    export.precision's Scheme; a graph not named stays fp32) says: {name: (path, manifest additions)}."""
     dims, weights = checkpoint.dims, Weights(checkpoint.files)
     lower, upper = weights.under("model.language_model."), weights.under("model.tts_language_model.")
     head, decoder = weights.under(HEAD), weights.under(DECODER)
@@ -44,7 +45,7 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None]) -> dict[str,
         ("eos_classifier", eos.nbytes(), eos_classifier),
         ("acoustic_decoder_stream", decoder.nbytes(), lambda g: decoder_stream(g, decoder, dims.acoustic_decoder)),
     ]
-    return {name: write_graph(name, directory, size, body, log) for name, size, body in plan}
+    return {name: write_graph(name, directory, size, body, log, schemes.get(name)) for name, size, body in plan}
 
 
 def host_tensors(checkpoint) -> dict[str, np.ndarray]:
