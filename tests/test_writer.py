@@ -176,3 +176,63 @@ def test_the_fixed_profile_is_traced_only(tiny_checkpoints, tmp_path):
     with pytest.raises(VibeVoiceError, match="not available for the fixed-shape profile yet"):
         build_bundle(tiny_checkpoints["realtime"], tmp_path, profile=FixedProfile.from_options(None, None, False),
                      write=True)
+
+
+def test_without_torch_an_int8_bundle_is_judged_against_the_written_fp32_graphs(written, tiny_checkpoints, tmp_path):
+    """`verify` in the base install takes the fp32 bundle beside it as the teacher, records so, and passes; the same
+    bundle judged against PyTorch gives the same verdict, and the teacher-forced numbers agree (new reference ==
+    old reference: the teacher's graphs compute the reference's numbers)."""
+    from vibevoice_onnx.verify.judge import TEACHER_REFERENCE, verify_bundle
+
+    bundle = shutil.copytree(written / "cpu_int8", tmp_path / "realtime" / "cpu_int8")
+    shutil.copytree(written / "cpu_fp32", tmp_path / "realtime" / "cpu_fp32")
+    done = run_blocked(tmp_path, "verify", str(bundle), "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["passed"] and record["reference"] == TEACHER_REFERENCE
+    assert record["teacher"]["bundle"] == str((tmp_path / "realtime" / "cpu_fp32").resolve())
+    assert manifest(bundle)["parity"] == record
+    by_torch = verify_bundle(shutil.copytree(bundle, tmp_path / "torch" / "cpu_int8"), tiny_checkpoints["realtime"],
+                             log=lambda line: None)
+    assert by_torch["passed"]
+    ours, theirs = ({g["name"]: g for g in r["gates"]} for r in (record, by_torch))
+    for name in ("closed loop, teacher-forced: sampled latents", "closed loop, teacher-forced: audio",
+                 "closed loop, teacher-forced: conditions"):
+        assert ours[name]["cosine"] == pytest.approx(theirs[name]["cosine"], abs=2e-3), name
+        assert ours[name]["gain"] == pytest.approx(theirs[name]["gain"], abs=2e-3), name
+
+
+@pytest.mark.parametrize("factor, refused", [(1.05, True), (1.01, False)])
+def test_the_teacher_refuses_a_graph_five_percent_loud_and_takes_one_percent(written, tmp_path, factor, refused):
+    """As against PyTorch (tests/test_precision.py): a 5% gain in the decoder, the head, the connector or the
+    upper LM is refused by that graph's own gate against the teacher; 1% is within int8's 0.02."""
+    from helpers import gained_copy
+
+    from vibevoice_onnx.verify.judge import verify_bundle
+
+    bundle = gained_copy(written / "cpu_int8", tmp_path / "cpu_int8", factor)
+    record = verify_bundle(bundle, teacher=written / "cpu_fp32", log=lambda line: None)
+    gates = {g["name"]: g for g in record["gates"]}
+    assert record["passed"] != refused
+    for graph in ("acoustic_decoder_stream (3 frames, states)", "diffusion_head", "acoustic_connector", "upper_lm"):
+        gate = gates[f"{graph}: against the teacher's graph"]
+        assert gate["passed"] != refused, gate
+        if refused:  # the refusing gate saw the gain put in (at 1%, int8's own noise in the decoder's states is as large)
+            assert gate["gain"] == pytest.approx(factor, abs=0.01), gate
+
+
+def test_a_teacher_must_be_the_fp32_bundle_of_the_same_checkpoint(written, traced, tmp_path):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.verify.judge import verify_bundle
+
+    with pytest.raises(VibeVoiceError, match="the teacher must be an fp32 bundle"):
+        verify_bundle(written / "cpu_int8", teacher=traced / "cpu_int8")
+    other = shutil.copytree(written / "cpu_fp32", tmp_path / "other")
+    record = json.loads((other / "manifest.json").read_text())
+    record["source"]["hash"] = "sha256:" + "0" * 64
+    (other / "manifest.json").write_text(json.dumps(record))
+    with pytest.raises(VibeVoiceError, match="was not built from the checkpoint"):
+        verify_bundle(written / "cpu_int8", teacher=other)
+    done = run_blocked(tmp_path, "verify", str(shutil.copytree(written / "cpu_int8", tmp_path / "alone" / "cpu_int8")))
+    assert done.returncode != 0 and "needs the fp32 bundle of the same checkpoint beside it" in done.stderr
+    assert "Traceback" not in done.stderr

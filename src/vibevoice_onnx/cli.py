@@ -72,9 +72,14 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify.common import format_table, verify_bundle
+    from .export.build import torch_installed
+    from .verify.judge import format_table, sibling_teacher, verify_bundle
 
-    record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None, args.voice)
+    teacher = Path(args.teacher) if args.teacher else None
+    if teacher is None and not torch_installed():
+        teacher = sibling_teacher(Path(args.bundle))
+    record = verify_bundle(Path(args.bundle), Path(args.checkpoint) if args.checkpoint else None, args.voice,
+                           teacher=teacher)
     print(json.dumps(record, indent=2) if args.json else format_table(record))
     if not record["passed"]:
         return EXIT_MISMATCH
@@ -472,10 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "format that onnxruntime-mobile loads (GRAPH.ort beside GRAPH.onnx)")
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference")
+    p = sub.add_parser("verify", help="run the parity gates of a bundle against the PyTorch reference (or, without "
+                       "torch, against the fp32 graphs of the same checkpoint)")
     p.add_argument("bundle", nargs="?", metavar="MODEL", help=MODEL_HELP)
     add_model_options(p)
     p.add_argument("--checkpoint", metavar="DIR", help="the source checkpoint (default: the one recorded at build)")
+    p.add_argument("--teacher", metavar="FP32_BUNDLE", help="judge the bundle against this fp32 bundle of the same "
+                   "checkpoint instead of PyTorch (realtime; default without torch: the cpu_fp32 bundle beside it)")
     p.add_argument("--voice", metavar="NAME", help="run the closed loop from this bundle voice "
                    "(default: a prompt the reference computes from the checkpoint)")
     p.add_argument("--json", action="store_true", help="print the parity record as JSON")

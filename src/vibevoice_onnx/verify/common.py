@@ -1,4 +1,5 @@
-"""`vibevoice-onnx verify`: what every kind's gates share, the parity record, and the dispatch by kind.
+"""The PyTorch reference's side of the gates every kind shares (prefilled caches, per-module gates, the decoder's
+streaming gates); what judges and records them, torch-free, is verify/judge.py, re-exported here.
 
 Every comparison is judged in direction and in size (Tolerance: cosine, gain, relative error) by its precision's
 limits (LIMITS), or by max|Δ| <= 1e-4 where the reference output is near silent. The record (thresholds, every
@@ -7,28 +8,20 @@ gate's numbers, the closed loop's settings) goes into the bundle's manifest.
 
 from __future__ import annotations
 
-import datetime
-import sys
-from dataclasses import asdict
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
-from ..checkpoints.checkpoint import Checkpoint
-from ..errors import VibeVoiceError
-from ..families import stage
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
-from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.device import host
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
 from .judge import (  # noqa: F401 (re-exported: the kinds' gate modules import them from here)
     BATCHED, BATCH_LATE_AFTER, F32, FP32, Gate, LIMITS, LOOP_REASONS, Limits, RANDOM_WEIGHTS_CAVEAT,
     SAME_ARITHMETIC, SEED, SILENT_MAX_ABS, SILENT_RMS, Tolerance, batched_and_alone, bound_gate, compare, cosine,
-    exact_on_cpu, forced_gates, format_table, frames_gate, gain, limits_for, relative_error, replay_gate, rms,
-    worst_gain,
+    exact_on_cpu, forced_gates, format_table, frames_gate, gain, gates_of, limits_for, relative_error, replay_gate,
+    resolve_checkpoint, rms, verify_bundle, worst_gain,
 )
 
 
@@ -165,50 +158,3 @@ def decoder_gates(decoder, stream: StreamingConv, latents: np.ndarray, limits: L
     gates.append(compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces, axis=2)],
                          [stream.whole(latents)], limits.same_path))
     return gates
-
-
-def resolve_checkpoint(bundle: Bundle, checkpoint: Checkpoint | Path | None) -> Checkpoint | Path:
-    """The checkpoint given (opened or not), else the one the bundle was built from, if it is still there."""
-    if isinstance(checkpoint, Checkpoint):
-        return checkpoint
-    path = Path(checkpoint) if checkpoint else Path(bundle.info.source_path)
-    if not (path / "config.json").is_file():
-        raise VibeVoiceError(f"{path}: checkpoint not found; pass --checkpoint with the directory this bundle was built from")
-    return path
-
-
-def gates_of(kind: str):
-    """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
-    return stage(kind, "gates", f"verifying {kind} bundles")
-
-
-@torch.no_grad()
-def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None, voice: str | None = None, log=None) -> dict:
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    bundle = Bundle(Path(bundle_dir))
-    module = gates_of(bundle.kind)
-    checkpoint = Checkpoint.open(resolve_checkpoint(bundle, checkpoint))
-    if checkpoint.hash != bundle.info.source_hash:
-        raise VibeVoiceError(f"{checkpoint.root}: is not the checkpoint this bundle was built from (its hash differs)")
-    limits = limits_for(bundle.kind, bundle.info.precision)
-    gates, info = module.run_gates(bundle, checkpoint, voice, log, limits)
-    record = {
-        "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": str(checkpoint.root.resolve()),
-        "reference": "fp32 PyTorch (transformers modules), CPU",
-        "precision": bundle.info.precision,
-        "thresholds": {**limits.describe(), "same_arithmetic": SAME_ARITHMETIC.describe(),
-                       "batched": BATCHED.describe(), "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
-        **({} if bundle.info.precision == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
-        "loops": LOOP_REASONS,
-        **info,
-        "passed": all(g.passed for g in gates),
-        "gates": [asdict(g) for g in gates],
-    }
-    try:
-        write_manifest(bundle.path, dict(bundle.info.to_dict(), parity=record), "recording the results")
-    except VibeVoiceError as e:
-        record["not_recorded"] = str(e)
-    return record
-
-

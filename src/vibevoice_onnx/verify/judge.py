@@ -5,13 +5,18 @@ table. verify/common.py adds the PyTorch reference's side; a teacher made of fp3
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from ..families import family
-from ..runtime.bundle import Bundle
+from ..checkpoints.checkpoint import Checkpoint
+from ..errors import VibeVoiceError
+from ..families import family, stage
+from ..runtime.bundle import Bundle, write_manifest
 from ..runtime.manifest import GATE_COLUMNS, gate_cells
 
 
@@ -305,3 +310,96 @@ def format_table(record: dict) -> str:
     if "not_recorded" in record:
         lines.append("warning: " + record["not_recorded"])
     return "\n".join(lines)
+
+
+def resolve_checkpoint(bundle: Bundle, checkpoint: Checkpoint | Path | None) -> Checkpoint | Path:
+    """The checkpoint given (opened or not), else the one the bundle was built from, if it is still there."""
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    path = Path(checkpoint) if checkpoint else Path(bundle.info.source_path)
+    if not (path / "config.json").is_file():
+        raise VibeVoiceError(f"{path}: checkpoint not found; pass --checkpoint with the directory this bundle was built from")
+    return path
+
+
+def gates_of(kind: str):
+    """The module holding a kind's gates: run_gates(bundle, checkpoint, voice, log) -> (gates, info)."""
+    return stage(kind, "gates", f"verifying {kind} bundles")
+
+
+def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None, voice: str | None = None, log=None,
+                  teacher: Path | None = None) -> dict:
+    """Run the bundle's gates and record their verdict in its manifest: against the fp32 PyTorch reference of
+    `checkpoint`, or, with `teacher`, against that fp32 bundle of the same checkpoint (the graphs written without
+    torch: no PyTorch needed)."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    bundle = Bundle(Path(bundle_dir))
+    module = gates_of(bundle.kind)
+    limits = limits_for(bundle.kind, bundle.info.precision)
+    if teacher is None:
+        import torch
+
+        checkpoint = Checkpoint.open(resolve_checkpoint(bundle, checkpoint))
+        if checkpoint.hash != bundle.info.source_hash:
+            raise VibeVoiceError(f"{checkpoint.root}: is not the checkpoint this bundle was built from (its hash differs)")
+        with torch.no_grad():
+            gates, info = module.run_gates(bundle, checkpoint, voice, log, limits)
+        judged_by = {"checkpoint": str(checkpoint.root.resolve()), "reference": "fp32 PyTorch (transformers modules), CPU"}
+    else:
+        fp32 = teacher_bundle(bundle, Path(teacher))
+        if not hasattr(module, "run_teacher_gates"):
+            raise VibeVoiceError(f"{bundle.kind} bundles are verified against PyTorch only so far (pip install "
+                                 "'vibevoice-onnx[export]')")
+        gates, info = module.run_teacher_gates(bundle, fp32, voice, log, limits)
+        judged_by = {"checkpoint": bundle.info.source_path, "reference": TEACHER_REFERENCE,
+                     "teacher": {"bundle": str(fp32.path.resolve()), "graphs": fp32.info.tools.get("graphs"),
+                                 "files_sha256": {name: record.get("sha256") for name, record in
+                                                  sorted((fp32.info.files or {}).items()) if name.endswith(".onnx")}}}
+    record = {
+        "verified_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **judged_by,
+        "precision": bundle.info.precision,
+        "thresholds": {**limits.describe(), "same_arithmetic": SAME_ARITHMETIC.describe(),
+                       "batched": BATCHED.describe(), "silent_rms": SILENT_RMS, "silent_max_abs": SILENT_MAX_ABS},
+        **({} if bundle.info.precision == "fp32" else {"caveat": RANDOM_WEIGHTS_CAVEAT}),
+        "loops": LOOP_REASONS,
+        **info,
+        "passed": all(g.passed for g in gates),
+        "gates": [asdict(g) for g in gates],
+    }
+    try:
+        write_manifest(bundle.path, dict(bundle.info.to_dict(), parity=record), "recording the results")
+    except VibeVoiceError as e:
+        record["not_recorded"] = str(e)
+    return record
+
+
+
+
+TEACHER_REFERENCE = ("fp32 ONNX graphs of the same checkpoint (the teacher: written from its safetensors without "
+                     "PyTorch, held operator for operator to the traced export in tests/test_writer.py), CPU")
+
+
+def teacher_bundle(bundle: Bundle, path: Path) -> Bundle:
+    """The fp32 bundle `path` as the teacher of `bundle`: the same checkpoint (by its hash), kind and device."""
+    teacher = Bundle(path)
+    ours, theirs = bundle.info, teacher.info
+    if theirs.precision != "fp32":
+        raise VibeVoiceError(f"{path}: is a {theirs.precision} bundle; the teacher must be an fp32 bundle")
+    if theirs.source_hash != ours.source_hash or teacher.kind != bundle.kind or theirs.device != ours.device:
+        raise VibeVoiceError(f"{path}: was not built from the checkpoint {bundle.path} was built from (or is "
+                             "another kind or device), so it cannot be its teacher")
+    if theirs.parity and not theirs.parity.get("passed"):
+        raise VibeVoiceError(f"{path}: failed its own gates, so it cannot be a teacher")
+    return teacher
+
+
+def sibling_teacher(bundle_dir: Path) -> Path:
+    """The fp32 bundle beside a bundle (KIND/DEVICE_fp32), the teacher `verify` takes without torch."""
+    bundle = Bundle(Path(bundle_dir))
+    candidate = Path(bundle_dir).parent / f"{bundle.info.device}_fp32"
+    if not (candidate / "manifest.json").is_file():
+        raise VibeVoiceError(f"{bundle_dir}: verifying without PyTorch needs the fp32 bundle of the same checkpoint "
+                             f"beside it as the teacher ({candidate}: build it with `vibevoice-onnx build CHECKPOINT "
+                             "--precision fp32`), or pass --teacher")
+    return candidate

@@ -1,8 +1,11 @@
-"""The gates of a realtime bundle against the fp32 PyTorch reference.
+"""The gates of a realtime bundle against its fp32 reference: PyTorch's modules, or, without torch, the fp32
+graphs written from the same checkpoint (the teacher: run_teacher_gates).
 
 Per graph on realistic inputs (LM caches from real prefills, head conditions from real LM outputs), KV
 incremental decode against a full prefill, streaming decode against whole decode, and the closed loop: the
-whole generation run by the torch-free runtime and by the reference with the same noise.
+whole generation run by the torch-free runtime and by the reference with the same noise. The loops take the
+reference as a backend of the generation loop (generation/realtime.py), so the same gates judge a bundle against
+either reference; the module imports torch only where PyTorch's side is asked for.
 """
 
 from __future__ import annotations
@@ -10,25 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
-from transformers.cache_utils import DynamicCache
 
 from ..checkpoints.checkpoint import Checkpoint
 from ..families import family
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
-from ..reference.realtime import RealtimeModel, generate
 from ..runtime.bundle import Bundle
 from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch, backend_for
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
-from .common import (
-    BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, cache_layers, cfg_steps,
-    compare, replay_gate,
-    decoder_gates, forced_gates, head_gate, lm_gates, lm_step, module_gate,
-)
+from .judge import BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, batched_and_alone, bound_gate, compare, forced_gates, replay_gate
 
 CLOSED_LOOP_TEXT = (
     "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
@@ -38,10 +34,12 @@ CLOSED_LOOP_FRAMES = 18  # three speech windows, interleaved with the first thre
 CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # upstream's defaults
 
 
-def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: Probe, limits: Limits) -> Gate:
+def batched_guidance(model, runtime: OnnxRealtimeBackend, probe, limits: Limits) -> Gate:
     """The runtime's batch-2 CFG streams (one cache, rows of their own lengths) against the same graph run as
     two separate streams, each with the growing cache of before: batching and the in-place cache must change
     nothing, at any precision (the graph's own error is the per-graph gates' matter)."""
+    from .common import cache_layers, cfg_steps
+
     positive = cache_layers(probe.prefilled(model.tts_language_model, 9))
     negative = cache_layers(probe.prefilled(model.tts_language_model, 2))
     ours = runtime.guided_streams(positive, negative)
@@ -49,8 +47,13 @@ def batched_guidance(model: RealtimeModel, runtime: OnnxRealtimeBackend, probe: 
     return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe), limits.same_path)
 
 
-def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBackend, log, limits: Limits) -> list[Gate]:
+def graph_gates(bundle: Bundle, model, runtime: OnnxRealtimeBackend, log, limits: Limits) -> list[Gate]:
     """Each graph against the reference module it came from, then the KV, streaming and batching gates."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from .common import Probe, decoder_gates, head_gate, lm_gates, lm_step, module_gate
+
     probe = Probe(lambda ids: model.embed_text(torch.from_numpy(ids)).numpy(), model.dims.lm.vocab)
     latent = model.dims.head.latent
     log("  per-graph gates")
@@ -68,7 +71,12 @@ def graph_gates(bundle: Bundle, model: RealtimeModel, runtime: OnnxRealtimeBacke
     return gates
 
 
-def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
+def latent_size(reference) -> int:
+    """The latent width of a reference: a backend (an fp32 bundle's graphs) or PyTorch's model."""
+    return (reference.bundle if hasattr(reference, "bundle") else reference).dims.head.latent
+
+
+def closed_loop(reference, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
                 limits: Limits, seed: int = SEED, frames: int = CLOSED_LOOP_FRAMES,
                 runs: dict | None = None) -> tuple[list[Gate], dict]:
     """The whole generation, `frames` long in every run: EOS is decided every frame but not acted on, so the
@@ -76,8 +84,9 @@ def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: Voic
     teacher-forced (the reference's latents fed back: one step of its error per frame, judged by `limits`)
     and free (its own latents fed back), judged against the reference run again with that one-step error
     (verify.calibration). `runs`, when given, receives the runs (free, reference, perturbed, error) for a
-    caller that judges the free run further."""
-    noise = NoiseSource.from_seed(seed, model.dims.head.latent)
+    caller that judges the free run further. `reference`: PyTorch's RealtimeModel, or the teacher's backend."""
+    model = reference
+    noise = NoiseSource.from_seed(seed, latent_size(model))
     reference = reference_loop(model, prompt, ids, noise, frames, GenerationResult(conditions=[]))
     ours, forced = GenerationResult(), GenerationResult(conditions=[])
     for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
@@ -103,12 +112,21 @@ def closed_loop(model: RealtimeModel, runtime: OnnxRealtimeBackend, prompt: Voic
                    "teacher_forced": forced_curves, "eos_logits": eos_logits}
 
 
-def reference_loop(model: RealtimeModel, prompt: VoicePrompt, ids: list[int], noise: NoiseSource,
+def reference_loop(model, prompt: VoicePrompt, ids: list[int], noise: NoiseSource,
                    frames: int = CLOSED_LOOP_FRAMES, result: GenerationResult | None = None,
                    steering=None) -> GenerationResult:
-    """The closed loop as the reference runs it: `frames` long, EOS recorded every frame, not acted on."""
-    return generate(model, prompt, ids, noise, cfg_scale=CFG_SCALE, steps=STEPS, max_frames=frames, stop_on_eos=False,
-                    result=result, steering=steering)
+    """The closed loop as the reference runs it: `frames` long, EOS recorded every frame, not acted on. `model`:
+    PyTorch's RealtimeModel, or a backend (the teacher's fp32 graphs) running the same loop."""
+    if not hasattr(model, "velocity"):
+        from ..reference.realtime import generate
+
+        return generate(model, prompt, ids, noise, cfg_scale=CFG_SCALE, steps=STEPS, max_frames=frames,
+                        stop_on_eos=False, result=result, steering=steering)
+    result = GenerationResult() if result is None else result
+    for _ in realtime_frames(model, prompt, ids, noise, CFG_SCALE, STEPS, frames, result, stop_on_eos=False,
+                             steering=steering):
+        pass
+    return result
 
 
 def grouped_decode_gate(runtime: OnnxRealtimeBackend, frame_by_frame: GenerationResult, group: int,
@@ -138,7 +156,7 @@ def eos_agreement(label: str, runtime: GenerationResult, reference: GenerationRe
     return Gate(f"{label}: per-frame EOS decisions agree", None, diff, passed, detail), info
 
 
-def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None) -> tuple[VoicePrompt, str]:
+def verification_prompt(bundle: Bundle, model, voice: str | None) -> tuple[VoicePrompt, str]:
     """A bundle voice when asked for, else a prompt the reference computes from this very checkpoint.
 
     The default matters on synthetic checkpoints: a real preset's caches in a random-weight model make the
@@ -150,10 +168,42 @@ def verification_prompt(bundle: Bundle, model: RealtimeModel, voice: str | None)
     return reference_prompt(model, bundle.tokenizer), "(computed by the reference)"
 
 
-def reference_prompt(model: RealtimeModel, tokenizer, text: str = "A voice prompt.\n") -> VoicePrompt:
+def reference_prompt(model, tokenizer, text: str = "A voice prompt.\n") -> VoicePrompt:
+    """A voice prompt computed from `text` by the reference (PyTorch's model, or a backend: backend_prompt)."""
+    if hasattr(model, "velocity"):
+        return backend_prompt(model, tokenizer, text)
     from ..reference.presets import as_voice_prompt, prompt_from_text
 
     return as_voice_prompt(prompt_from_text(model, tokenizer, text))
+
+
+PROMPT_SPEECH_FRAMES = 8  # as reference.presets writes synthetic presets
+
+
+def backend_prompt(backend: OnnxRealtimeBackend, tokenizer, text: str, seed: int = 0) -> VoicePrompt:
+    """reference.presets.compute_prompt on a backend's graphs: the text through the lower LM, the same positions
+    (text type) and a few random latents (speech type) through the upper LM, one `<|image_pad|>` (speech type)
+    through the upper LM for the negative stream."""
+    dims = backend.bundle.dims
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+
+    def stream(name: str, lm):
+        empty = np.zeros((1, lm.kv_heads, 0, lm.head_dim), np.float32)
+        return backend.stream(name, [(empty, empty)] * lm.layers, in_place=False)
+
+    lower, upper, negative = stream("lower_lm", dims.lm), stream("upper_lm", dims.tts_lm), stream("upper_lm", dims.tts_lm)
+    text_hidden = lower.step(backend.embed_text(ids)) + backend.type_embedding(1)
+    latents = np.random.default_rng(seed).standard_normal((1, PROMPT_SPEECH_FRAMES, dims.head.latent)).astype(np.float32)
+    hidden = upper.step(np.concatenate([text_hidden, backend.connect(latents) + backend.type_embedding(0)], axis=1))
+    pad = backend.embed_text([tokenizer.token_to_id("<|image_pad|>")]) + backend.type_embedding(0)
+    negative_hidden = negative.step(pad)
+
+    def layers(lm_stream) -> list:
+        filled = lm_stream.cache.filled(0)
+        return [(filled[2 * i].copy(), filled[2 * i + 1].copy()) for i in range(len(filled) // 2)]
+
+    return VoicePrompt(lm=layers(lower), tts_lm=layers(upper), neg_tts_lm=layers(negative),
+                       neg_condition=negative_hidden[0, -1].copy(), tts_condition=hidden[0, -1].copy())
 
 
 BATCH_GATE_VOICES = ("A voice prompt.\n", "Another voice, with a longer prompt of its own.\n", "Third.\n")
@@ -161,7 +211,7 @@ BATCH_GATE_FRAMES = (CLOSED_LOOP_FRAMES, 12, 9)
 BATCH_GATE_TEXTS = (CLOSED_LOOP_TEXT, "A shorter text for the second stream.", "The third joins late.")
 
 
-def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenizer) -> Gate:
+def batched_streams(model, runtime: OnnxRealtimeBackend, tokenizer) -> Gate:
     """Three streams of different voices, texts and lengths batched on one model (the third joining after
     the first has made three frames) against each run alone: latents and audio the same (cosine 0.99999),
     the same EOS decision at every frame. Batching must change nothing, at any precision."""
@@ -170,7 +220,7 @@ def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenize
 
     def run(backend, job, result):
         prompt, ids, frames, seed = job
-        noise = NoiseSource.from_seed(seed, model.dims.head.latent)
+        noise = NoiseSource.from_seed(seed, latent_size(model))
         return realtime_frames(backend, prompt, ids, noise, CFG_SCALE, STEPS, frames, result, stop_on_eos=False,
                                decode_group=DECODE_GROUP)
 
@@ -189,7 +239,6 @@ def batched_streams(model: RealtimeModel, runtime: OnnxRealtimeBackend, tokenize
 EOS_WEIGHT, EOS_BIAS = "tts_eos_classifier.fc2.weight", "tts_eos_classifier.fc2.bias"
 
 
-@torch.no_grad()
 def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.ndarray:
     """A copy of a realtime checkpoint whose EOS logits along verify's closed loop (default prompt) are centred
     on zero with standard deviation `spread`, as a trained model's hover around the decision near the end of
@@ -207,11 +256,15 @@ def eos_hovering_copy(checkpoint: Path, out: Path, spread: float = 0.5) -> np.nd
                                 NoiseSource.from_seed(SEED, model.dims.head.latent))
         return np.array(result.eos_logits)
 
-    logits = closed_loop_logits(checkpoint)
+    import torch
+
+    with torch.no_grad():
+        logits = closed_loop_logits(checkpoint)
     scale, centre = spread / max(float(logits.std()), 1e-6), float(logits.mean())
     edited_copy(checkpoint, out, {EOS_WEIGHT: lambda weight: weight * scale,
                                   EOS_BIAS: lambda bias: (bias - centre) * scale})
-    return closed_loop_logits(out)
+    with torch.no_grad():
+        return closed_loop_logits(out)
 
 
 def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
@@ -234,6 +287,69 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     loop, loop_info = closed_loop(model, runtime, prompt, ids, limits)
     log("  batched streams against each alone")
     return gates + loop + [batched_streams(model, runtime, bundle.tokenizer), bound], {"closed_loop": {**loop_info, "voice": voice}}
+
+
+def teacher_graph_gates(teacher: OnnxRealtimeBackend, runtime: OnnxRealtimeBackend, prompt: VoicePrompt,
+                        limits: Limits, seed: int = 0) -> list[Gate]:
+    """Each graph of the bundle against the same graph of the teacher (the fp32 graphs written from the same
+    checkpoint), on the same realistic inputs: both LMs continuing the verification prompt's caches with a
+    7-token prefill and 3 steps, the head on the upper LM's hidden states, the connector and EOS classifier, the
+    decoder streaming 3 frames from zero states (their audio and its states, as the gate against PyTorch)."""
+    rng = np.random.default_rng(seed)
+    dims = teacher.bundle.dims
+    tokens = teacher.embed_text(rng.integers(0, dims.lm.vocab, 7))
+
+    def lm_calls(backend, name: str, layers) -> list[np.ndarray]:
+        stream = backend.stream(name, layers, in_place=False)
+        return [stream.step(tokens)] + [stream.step(tokens[:, i:i + 1]) for i in range(3)]
+
+    gates, detail = [], "7-token prefill then 3 steps after the verification prompt's cache"
+    for name, layers in (("lower_lm", prompt.lm), ("upper_lm", prompt.tts_lm)):
+        reference = lm_calls(teacher, name, layers)
+        gates.append(compare(f"{name}: against the teacher's graph", lm_calls(runtime, name, layers), reference,
+                             limits.graph, detail))
+    conditions = reference[0][0]  # the upper LM's hidden states
+    noisy = rng.standard_normal((len(conditions), dims.head.latent)).astype(np.float32)
+    timesteps = np.linspace(999, 100, len(conditions)).round().astype(np.float32)
+    latents = rng.standard_normal((1, 4, dims.head.latent)).astype(np.float32)
+    calls = {
+        "diffusion_head": lambda b: [b.velocity(noisy, timesteps, conditions)],
+        "acoustic_connector": lambda b: [b.connect(latents)],
+        "eos_classifier": lambda b: [b.sessions["eos_classifier"].run(None, {"hidden_states": conditions})[0]],
+        "acoustic_decoder_stream (3 frames, states)": lambda b: decode_each(b, b.unscale(latents[:, :3])),
+    }
+    for name, call in calls.items():
+        gates.append(compare(f"{name}: against the teacher's graph", call(runtime), call(teacher), limits.graph))
+    return gates
+
+
+def decode_each(backend: OnnxRealtimeBackend, latents: np.ndarray) -> list[np.ndarray]:
+    """Latents [1, F, C] decoded one frame a call from zero states: the audio, then the last states."""
+    state, audio = backend.new_decoder_state(), []
+    for i in range(latents.shape[1]):
+        samples, state = backend.decode_frames(latents[:, i:i + 1], state)
+        audio.append(samples)
+    return [np.concatenate(audio), *[np.asarray(s) for s in state]]
+
+
+def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    """The gates without torch: the bundle against `teacher`, the fp32 graphs written from the same checkpoint,
+    as run_gates judges it against PyTorch (each graph, the closed loop with its calibration, batched streams,
+    the bound path); the verification prompt computed by the teacher from text unless a voice is named."""
+    runtime, reference = OnnxRealtimeBackend(bundle), OnnxRealtimeBackend(teacher)
+    if voice is None:
+        prompt, voice = reference_prompt(reference, bundle.tokenizer), "(computed by the teacher)"
+    else:
+        prompt = bundle.voice(voice)
+    ids = encode_tts_text(bundle.tokenizer, CLOSED_LOOP_TEXT)
+    log("  per-graph gates against the teacher's graphs")
+    gates = teacher_graph_gates(reference, runtime, prompt, limits)
+    log("  closed loop: the whole generation, bundle vs teacher")
+    loop, loop_info = closed_loop(reference, runtime, prompt, ids, limits)
+    log("  batched streams against each alone")
+    bound = bound_gate(bundle, bound_loop(prompt, ids), f"{BOUND_FRAMES} frames of the closed loop: latents, audio, EOS logits")
+    return (gates + loop + [batched_streams(reference, runtime, bundle.tokenizer), bound],
+            {"closed_loop": {**loop_info, "voice": voice}})
 
 
 BOUND_FRAMES = 8
