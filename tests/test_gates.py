@@ -120,7 +120,7 @@ def test_the_teacher_forced_gates_judge_every_frame_by_their_limits(tolerance, p
     # (a latent defect moves the RMS ratio gate too, judged below on its own)
 
 
-@pytest.mark.parametrize("precision, inside, past", [("fp32", 1.0005, 1.002), ("int8", 1.04, 1.06), ("int8", 0.96, 0.94),
+@pytest.mark.parametrize("precision, inside, past", [("fp32", 1.0005, 1.002), ("int8", 1.06, 1.08), ("int8", 0.94, 0.92),
                                                      ("int4", 1.2, 1.3), ("fp16", 1.04, 1.06)])
 def test_one_latent_off_in_scale_is_refused_past_the_precisions_ratio(precision, inside, past):
     theirs = trajectory()
@@ -291,7 +291,7 @@ def test_the_teacher_forced_gates_name_the_worst_frame_and_keep_the_curves():
     forced.sampled[4] = off(theirs.latents[4], cosine=0.99)  # the worst frame of the latents
     gates, curves = forced_gates("loop", forced, theirs, "setting", LIMITS["int8"])
     assert [g.name for g in gates] == ["loop, teacher-forced: conditions", "loop, teacher-forced: sampled latents",
-                                       "loop, teacher-forced: sampled latent RMS ratio in [0.95, 1.05]",
+                                       "loop, teacher-forced: sampled latent RMS ratio in [0.93, 1.07]",
                                        "loop, teacher-forced: audio"]
     latents = gates[1]
     assert "worst at frame 4;" in latents.detail and latents.detail.endswith("setting")

@@ -44,11 +44,11 @@ def first_use(hub, tmp_path_factory, tiny_preset) -> dict:
     env = environment(tmp, hub.endpoint)
     hub.requests.clear()
     hub.cut["model.safetensors"] = 1_000_000
-    first = cli("speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
+    first = cli("speak", "--model", REALTIME_ID, "--precision", "fp32", TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
                 "-o", tmp / "first.wav", env=env)
     fetched = hub.downloads()
     hub.requests.clear()
-    second = cli("speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
+    second = cli("speak", "--model", REALTIME_ID, "--precision", "fp32", TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
                  "-o", tmp / "second.wav", env=env)
     return {"tmp": tmp, "env": env, "first": first, "second": second, "fetched": fetched,
             "second_requests": list(hub.requests)}
@@ -64,22 +64,29 @@ def test_a_hub_checkpoint_speaks_what_the_hand_built_bundle_speaks(first_use, by
 
 
 def test_without_torch_a_hub_id_speaks_from_graphs_written_on_first_use(hub, by_hand, tiny_preset, tmp_path):
-    """The base install (torch and transformers cannot be imported): `speak --model` downloads the checkpoint,
-    writes the bundle's graphs, says so, and speaks what the traced bundle speaks (the LMs' rotary tables differ
-    in the last bit: within one step of the 16-bit samples); the second use finds the bundle."""
+    """The base install (torch and transformers cannot be imported): `speak --model --precision fp32` downloads the
+    checkpoint, writes the bundle's graphs, says so, and speaks what the traced bundle speaks (the LMs' rotary
+    tables differ in the last bit: within one step of the 16-bit samples); without --precision, the int8 bundle
+    is written and verified against those fp32 graphs, and used since it passes; later uses find each bundle."""
     from helpers import torch_blocked_environment
 
     env = {**environment(tmp_path, hub.endpoint), "PYTHONPATH": torch_blocked_environment(tmp_path)["PYTHONPATH"]}
     said = {}
-    for name in ("first", "second"):
-        said[name] = cli("speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames",
-                         "12", "-o", tmp_path / f"{name}.wav", env=env).stderr
-        np.testing.assert_allclose(audio(tmp_path / f"{name}.wav"), audio(by_hand), atol=1, rtol=0)
-    assert "first use: writing the graphs of a realtime fp32 bundle" in said["first"], said["first"]
-    assert "its graphs written without PyTorch (not verified here" in said["first"]
-    assert "first use" not in said["second"] and "Traceback" not in said["first"] + said["second"]
-    manifest = json.loads(next((tmp_path / "home" / "bundles").glob("*/realtime/cpu_fp32/manifest.json")).read_text())
-    assert manifest["tools"]["graphs"] == "vibevoice-onnx writer" and manifest["parity"] is None
+    for name, precision in (("fp32", ["--precision", "fp32"]), ("default", []), ("again", [])):
+        said[name] = cli("speak", "--model", REALTIME_ID, *precision, TEXT, "--voice", tiny_preset, "--seed", "7",
+                         "--max-frames", "12", "-o", tmp_path / f"{name}.wav", env=env).stderr
+        assert "Traceback" not in said[name]
+    np.testing.assert_allclose(audio(tmp_path / "fp32.wav"), audio(by_hand), atol=1, rtol=0)
+    assert "first use: writing the graphs of a realtime fp32 bundle" in said["fp32"], said["fp32"]
+    assert "its graphs written without PyTorch (not verified here" in said["fp32"]
+    assert "first use: writing the graphs of a realtime int8 bundle" in said["default"], said["default"]
+    assert "built and verified against its fp32 graphs" in said["default"] and "every gate passes" in said["default"]
+    assert "first use" not in said["again"] and audio(tmp_path / "again.wav").size == 12 * 3200
+    np.testing.assert_array_equal(audio(tmp_path / "again.wav"), audio(tmp_path / "default.wav"))
+    bundles = tmp_path / "home" / "bundles"
+    fp32, int8 = (json.loads(next(bundles.glob(f"*/realtime/cpu_{p}/manifest.json")).read_text()) for p in ("fp32", "int8"))
+    assert fp32["tools"]["graphs"] == "vibevoice-onnx writer" and fp32["parity"] is None
+    assert int8["parity"]["passed"] and int8["parity"]["teacher"]["graphs"] == "vibevoice-onnx writer"
 
 
 def test_only_the_files_a_build_needs_are_downloaded_and_a_dropped_download_completes(first_use):
@@ -102,7 +109,7 @@ def test_the_second_use_neither_downloads_nor_builds(first_use):
 def test_an_unreachable_hub_falls_back_on_the_caches(first_use, by_hand, tiny_preset):
     env = dict(first_use["env"], HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there
     out = first_use["tmp"] / "unreachable.wav"
-    done = cli("speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
+    done = cli("speak", "--model", REALTIME_ID, "--precision", "fp32", TEXT, "--voice", tiny_preset, "--seed", "7", "--max-frames", "12",
                "-o", out, env=env)
     assert "building" not in done.stderr
     np.testing.assert_array_equal(audio(out), audio(by_hand))
@@ -116,8 +123,8 @@ def test_offline_from_a_hugging_face_cache_alone(repos, by_hand, tiny_preset, tm
     for repo_id in (REALTIME_ID, "Qwen/Qwen2.5-0.5B"):
         write_offline_cache(hf_cache, repo_id, repos[repo_id])
     env = environment(tmp_path, offline=True)
-    speak = [sys.executable, "-m", "vibevoice_onnx.cli", "speak", "--model", REALTIME_ID, TEXT, "--voice", tiny_preset,
-             "--seed", "7", "--max-frames", "12", "-o"]
+    speak = [sys.executable, "-m", "vibevoice_onnx.cli", "speak", "--model", REALTIME_ID, "--precision", "fp32", TEXT,
+             "--voice", tiny_preset, "--seed", "7", "--max-frames", "12", "-o"]
 
     killed = subprocess.Popen(speak + [tmp_path / "killed.wav"], env=env, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -169,7 +176,7 @@ def test_repositories_that_cannot_be_used_are_refused_in_a_sentence(hub, tmp_pat
 
 def test_the_python_api_opens_a_cached_model_by_id(first_use, hub, tiny_preset):
     code = (f"from vibevoice_onnx.runtime.realtime import RealtimeTTS\n"
-            f"tts = RealtimeTTS.from_pretrained({REALTIME_ID!r})\n"
+            f"tts = RealtimeTTS.from_pretrained({REALTIME_ID!r}, precision='fp32')\n"
             f"samples, rate = tts.create({TEXT!r}, {str(tiny_preset)!r}, seed=7, max_frames=12)\n"
             "print(len(samples), rate)\n")
     hub.requests.clear()
@@ -285,7 +292,7 @@ def test_voices_from_urls_are_downloaded_once(first_use, hub, tiny_preset, tmp_p
     hub.requests.clear()
     env = dict(first_use["env"], VIBEVOICE_ONNX_HOME=str(first_use["tmp"] / "home"))
     for run in range(2):
-        cli("speak", "--model", REALTIME_ID, TEXT, "--voice", url, "--seed", "7", "--max-frames", "12",
+        cli("speak", "--model", REALTIME_ID, "--precision", "fp32", TEXT, "--voice", url, "--seed", "7", "--max-frames", "12",
             "-o", tmp_path / f"url{run}.wav", env=env)
     assert [p for m, p in hub.requests if p == "/voices/again.pt"] == ["/voices/again.pt"]
     np.testing.assert_array_equal(audio(tmp_path / "url1.wav"), audio(first_use["tmp"] / "first.wav"))

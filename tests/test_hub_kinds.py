@@ -22,7 +22,7 @@ def fetched_names(hub) -> set[str]:
 def test_asr_by_id(hub, tmp_path):
     hub.requests.clear()
     clip = write_voice_sample(tmp_path / "clip.wav", seconds=1.5, rate=24000, channels=1)
-    heard = cli("transcribe", "--model", ASR_ID, clip, "--mean-latents", "--max-new-tokens", "6", "--format", "json",
+    heard = cli("transcribe", "--model", ASR_ID, "--precision", "fp32", clip, "--mean-latents", "--max-new-tokens", "6", "--format", "json",
                 env=environment(tmp_path, hub.endpoint))
     assert "building and verifying a asr fp32 bundle" in heard.stderr and "every gate passes" in heard.stderr
     assert "6 tokens" in heard.stderr and isinstance(json.loads(heard.stdout), dict)
@@ -37,7 +37,7 @@ def test_asr_by_id(hub, tmp_path):
 def test_15b_by_id(hub, tmp_path):
     hub.requests.clear()
     sample = write_voice_sample(tmp_path / "alice.flac")
-    spoken = cli("speak", TTS15B_ID, "Speaker 1: Hello there.", "--speaker", f"1={sample}", "--seed", "3",
+    spoken = cli("speak", TTS15B_ID, "--precision", "fp32", "Speaker 1: Hello there.", "--speaker", f"1={sample}", "--seed", "3",
                  "--max-frames", "6", "-o", tmp_path / "id.wav", env=environment(tmp_path, hub.endpoint))
     assert "building and verifying a 1.5b fp32 bundle" in spoken.stderr and "every gate passes" in spoken.stderr
     assert "frames 6 (max_frames)" in spoken.stderr

@@ -236,3 +236,32 @@ def test_a_teacher_must_be_the_fp32_bundle_of_the_same_checkpoint(written, trace
     done = run_blocked(tmp_path, "verify", str(shutil.copytree(written / "cpu_int8", tmp_path / "alone" / "cpu_int8")))
     assert done.returncode != 0 and "needs the fp32 bundle of the same checkpoint beside it" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_without_a_precision_a_bundle_whose_int8_gates_fail_falls_back_to_fp32_in_one_sentence(tiny_checkpoints, tiny_preset,
+                                                                                              tmp_path):
+    """The default precision is the fastest whose gates pass: here int8's are made to refuse it (its graph limits
+    set beyond reach in every process, so the int8 bundle fails as a bad one would), and the first use says so
+    and speaks from fp32; the next use goes to fp32 at once."""
+    from helpers import BLOCK_TORCH
+    from hub_standin import environment
+
+    site = tmp_path / "strict"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        BLOCK_TORCH + "import dataclasses\nimport vibevoice_onnx.verify.judge as judge\n"
+        "judge.LIMITS['int8'] = dataclasses.replace(judge.LIMITS['int8'], graph=judge.Tolerance(1.0, 0.0, 0.0))\n")
+    env = {**environment(tmp_path), "PYTHONPATH": str(site)}
+    said = []
+    for run in range(2):
+        done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "speak", "--model", str(tiny_checkpoints["realtime"]),
+                               "Hello.", "--voice", str(tiny_preset),
+                               "--max-frames", "3", "-o", str(tmp_path / f"run{run}.wav")],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        said.append(done.stderr)
+    assert "the int8 bundle failed its gates (lower_lm: against the teacher's graph" in said[0], said[0]
+    assert ", so fp32 is used (--precision int8 --force would run it anyway)" in said[0]
+    assert "failed its gates" not in said[1] and "first use" not in said[1]
+    bundles = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "home").glob("bundles/*/realtime/*/manifest.json")}
+    assert sorted(bundles) == ["cpu_fp32", "cpu_int8"] and not bundles["cpu_int8"]["parity"]["passed"]

@@ -138,11 +138,12 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
                     "device": device, "tokenizer": str(tokenizer) if tokenizer else None, "source": source.record})
             _write_json(source.folder / SOURCE_RECORD, source.record)
             parity = Bundle(target).info.parity
-            if parity is None:
+            if parity is None:  # fp32 written without torch: nothing to judge it by here
                 log(f"{target}: built in {time.perf_counter() - started:.0f} s, its graphs written without PyTorch "
                     "(not verified here: `verify` needs PyTorch; the writer is held to the traced export in the tests)")
             else:
-                log(f"{target}: built and verified in {time.perf_counter() - started:.0f} s: "
+                judged = "" if torch_installed() else " against its fp32 graphs"
+                log(f"{target}: built and verified{judged} in {time.perf_counter() - started:.0f} s: "
                     + ("every gate passes" if parity.get("passed") else "FAILED its gates (" + failed_gates(parity) + ")"))
     return target
 
@@ -154,7 +155,41 @@ def settled(bundle: Path) -> bool:
     if not complete(bundle):
         return False
     info = Bundle(bundle).info
-    return info.verified or (not torch_installed() and info.tools.get("graphs") == WRITTEN)
+    return info.verified or (not torch_installed() and info.tools.get("graphs") == WRITTEN and info.precision == "fp32")
+
+
+# Without --precision: the fastest precision whose gates pass on the device, in this order; the last is the fallback
+# (its graphs are the checkpoint's own arithmetic). fp16 on CUDA waits for its gates to have run on a GPU.
+DEFAULT_ORDER = {"cpu": ("int8", "fp32"), "cuda": ("fp32",)}
+
+
+def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer: Path | None, log) -> Path:
+    """The bundle a checkpoint gets when no precision is asked for: the first of DEFAULT_ORDER whose gates pass,
+    built and verified on first use; one sentence where a precision's gates refuse it and the next is used."""
+    settled_before = settled_default(source, checkpoint.kind, device)
+    if settled_before is not None:
+        return settled_before
+    *faster, fallback = DEFAULT_ORDER[device]
+    for precision in faster:
+        target = build_and_verify(checkpoint, source, precision, device, tokenizer, log)
+        parity = Bundle(target).info.parity or {}
+        if parity.get("passed"):
+            return target
+        log(f"the {precision} bundle failed its gates ({failed_gates(parity)}), so {fallback} is used "
+            f"(--precision {precision} --force would run it anyway)")
+    return build_and_verify(checkpoint, source, fallback, device, tokenizer, log)
+
+
+def settled_default(source: Source, kind: str, device: str) -> Path | None:
+    """The bundle build_default settled on before, if it did: no download, no build."""
+    for precision in DEFAULT_ORDER[device]:
+        target = source.bundle(kind, device, precision)
+        if not settled(target):
+            return None
+        parity = Bundle(target).info.parity
+        if parity is None or parity.get("passed") or precision == DEFAULT_ORDER[device][-1]:
+            return target
+    return None
 
 
 def failed_gates(record: dict) -> str:
@@ -192,21 +227,27 @@ def _child(job: dict) -> None:
 
 
 def _build_here(job: dict) -> int:
-    """The child's work: build (if not built), then verify (if not verified)."""
+    """The child's work: build (if not built), then verify (if not verified): against PyTorch where it is
+    installed; without it, a quantized bundle against the fp32 bundle of the same checkpoint, written first as
+    its teacher."""
     from ..export.build import build_bundle
 
     checkpoint = Checkpoint.open(job["checkpoint"])  # once: the build and the verification share it (and its hash)
-    target = Path(job["out_root"]) / checkpoint.kind / f"{job['device']}_{job['precision']}"
+    out_root, precision, device = Path(job["out_root"]), job["precision"], job["device"]
+    target = out_root / checkpoint.kind / f"{device}_{precision}"
+    teacher = None if torch_installed() or precision == "fp32" else out_root / checkpoint.kind / f"{device}_fp32"
+    tokenizer = Path(job["tokenizer"]) if job["tokenizer"] else None
     try:
-        if not complete(target):
-            build_bundle(checkpoint, Path(job["out_root"]), job["precision"], job["device"],
-                         Path(job["tokenizer"]) if job["tokenizer"] else None, origin=job["source"])
+        for bundle, bundle_precision in ((teacher, "fp32"), (target, precision)):
+            if bundle is not None and not complete(bundle):
+                build_bundle(checkpoint, out_root, bundle_precision, device, tokenizer, origin=job["source"])
         if not settled(target):
-            print(f"verifying {target} against the PyTorch reference (once; the verdict is kept in the bundle)",
-                  file=sys.stderr, flush=True)
-            from ..verify.common import verify_bundle
+            from ..verify.judge import verify_bundle
 
-            verify_bundle(target, checkpoint)
+            against = "the PyTorch reference" if teacher is None else f"the fp32 graphs of {teacher}"
+            print(f"verifying {target} against {against} (once; the verdict is kept in the bundle)",
+                  file=sys.stderr, flush=True)
+            verify_bundle(target, checkpoint, teacher=teacher)
     except VibeVoiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

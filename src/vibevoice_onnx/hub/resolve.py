@@ -19,11 +19,11 @@ from ..checkpoints.configs import PREPROCESSOR_CONFIG, model_dims, tokenizer_rep
 from ..checkpoints.files import INDEX_FILE, SINGLE_FILE, read_json
 from ..errors import BundleError, CheckpointError, VibeVoiceError
 from ..runtime.bundle import FORMAT_VERSION, MANIFEST, Bundle, recordable
-from .cache import Source, build_and_verify, complete, remember_commit, remembered_commit
+from .cache import (Source, build_and_verify, build_default, complete, remember_commit, remembered_commit,
+                    settled_default)
 from .home import home, offline
 from .repos import HubRef, Snapshot, parse_ref
 
-DEFAULT_PRECISION = "fp32"
 _SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -35,8 +35,8 @@ def _log(message: str) -> None:
 def resolve_bundle(ref: str | Path, precision: str | None = None, device: str | None = None,
                    revision: str | None = None, tokenizer: str | Path | None = None, log=_log) -> Path:
     """The bundle directory `ref` names, fetched, built and verified as needed (see the module's note).
-    `precision` and `device` pick the bundle a checkpoint is built into (default fp32, CPU) and must match a
-    bundle's own; `revision` pins a Hub reference (as ORG/NAME@REVISION does); `tokenizer` (a tokenizer.json or
+    `precision` and `device` pick the bundle a checkpoint is built into (default: the fastest precision whose
+    gates pass on the device, int8 on a CPU, else fp32; CPU) and must match a bundle's own; `revision` pins a Hub reference (as ORG/NAME@REVISION does); `tokenizer` (a tokenizer.json or
     its folder) overrides the one found for a checkpoint that ships none."""
     local = Path(ref)
     if local.exists():
@@ -46,8 +46,8 @@ def resolve_bundle(ref: str | Path, precision: str | None = None, device: str | 
             return _checked_variant(local, precision, device)
         if (local / "config.json").is_file():
             checkpoint = Checkpoint.open(local)
-            return build_and_verify(checkpoint, Source.local(local), precision or DEFAULT_PRECISION, device or "cpu",
-                                    _tokenizer_for(checkpoint, tokenizer), log)
+            return _build(checkpoint, Source.local(local), precision, device or "cpu", _tokenizer_for(checkpoint, tokenizer),
+                          log)
         raise VibeVoiceError(f"{ref}: no {MANIFEST}, so this is not a complete vibevoice-onnx bundle, and no "
                              "config.json, so not a checkpoint either")
     hub = parse_ref(str(ref), revision)
@@ -73,12 +73,22 @@ def _from_hub(ref: HubRef, precision: str | None, device: str | None, tokenizer,
     remember_commit(ref, snapshot.commit)
     config = read_json(snapshot.fetch("config.json", "config"), "config.json")
     kind = _vibevoice_kind(config, ref)
-    target = source.bundle(kind, device, precision or DEFAULT_PRECISION)
-    if complete(target) and Bundle(target).info.verified:
-        return target  # built and verified before: no download, no build
+    if precision is None:
+        found = settled_default(source, kind, device)
+    else:
+        found = source.bundle(kind, device, precision)
+        found = found if complete(found) and Bundle(found).info.verified else None
+    if found is not None:
+        return found  # built and verified before: no download, no build
     checkpoint = Checkpoint.open(fetch_checkpoint(snapshot, log))
     tokenizer_path = _tokenizer_for(checkpoint, tokenizer, source.record)
-    return build_and_verify(checkpoint, source, precision or DEFAULT_PRECISION, device, tokenizer_path, log)
+    return _build(checkpoint, source, precision, device, tokenizer_path, log)
+
+
+def _build(checkpoint: Checkpoint, source, precision: str | None, device: str, tokenizer, log) -> Path:
+    if precision is None:
+        return build_default(checkpoint, source, device, tokenizer, log)
+    return build_and_verify(checkpoint, source, precision, device, tokenizer, log)
 
 
 def _vibevoice_kind(config: dict, ref) -> str:
@@ -93,9 +103,14 @@ def _remembered_bundle(ref: HubRef, precision: str | None, device: str | None) -
     commit = remembered_commit(ref)
     if commit is None:
         return None
-    folder = Source.hub(ref, commit).folder
-    found = [m.parent for m in folder.glob(f"*/{device or 'cpu'}_{precision or DEFAULT_PRECISION}/{MANIFEST}")]
-    return found[0] if found else None
+    source = Source.hub(ref, commit)
+    kinds = sorted(path.name for path in source.folder.glob("*") if path.is_dir())
+    for kind in kinds:
+        found = settled_default(source, kind, device or "cpu") if precision is None else \
+            source.bundle(kind, device or "cpu", precision)
+        if found is not None and complete(found):
+            return found
+    return None
 
 
 def fetch_checkpoint(snapshot: Snapshot, log) -> Path:

@@ -11,7 +11,7 @@ class FromPretrained:
                         revision: str | None = None, tokenizer: str | Path | None = None, **options):
         """Open `ref`: a bundle directory, a checkpoint directory, or a Hub repository id (ORG/NAME[@REVISION]) of
         an upstream checkpoint or a prebuilt bundle. A checkpoint is built and verified into the bundle cache on
-        first use (the export extra), at `precision` (default fp32) for `device` (default cpu); a prebuilt bundle
+        first use, at `precision` (default: the fastest whose gates pass, int8 on a CPU) for `device` (default cpu); a prebuilt bundle
         is downloaded and its files checked. `options` go to the class (threads, force, ...)."""
         from ..hub import resolve_bundle
 

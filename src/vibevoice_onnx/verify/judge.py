@@ -110,9 +110,13 @@ LIMITS = {
     "fp16": Limits(graph=Tolerance(0.995, 0.01), same_path=Tolerance(0.999, 0.01), decision_floor=0.05,
                    forced_condition=Tolerance(0.995, 0.01), forced_latent=Tolerance(0.99, 0.01),
                    forced_scale=(0.95, 1.05), forced_audio=Tolerance(0.99, 0.01)),
+    # int8's per-frame RMS band: one 64-value latent's size is mostly noise at int8 (the bias is judged by the
+    # latents' pooled gain, 0.02); measured down to 0.947 on the high-gain checkpoint of
+    # tests/test_teacher_forcing.py on an AMD EPYC with AVX-512 VNNI, whose int8 MatMulNBits activations round
+    # otherwise than the Intel host's where 0.95 was set (2026-12-07).
     "int8": Limits(graph=Tolerance(0.995, 0.02), same_path=Tolerance(0.998, 0.02), decision_floor=0.25,
                    forced_condition=Tolerance(0.995, 0.02), forced_latent=Tolerance(0.97, 0.02),
-                   forced_scale=(0.95, 1.05), forced_audio=Tolerance(0.99, 0.02)),
+                   forced_scale=(0.93, 1.07), forced_audio=Tolerance(0.99, 0.02)),
     "int4": Limits(graph=Tolerance(0.98, 0.1), same_path=Tolerance(0.998, 0.02), decision_floor=0.5,
                    forced_condition=Tolerance(0.98, 0.05), forced_latent=Tolerance(0.9, 0.05),
                    forced_scale=(0.8, 1.25), forced_audio=Tolerance(0.98, 0.05)),
