@@ -113,15 +113,21 @@ def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
-def test_the_runtime_layer_imports_no_torch_transformers_or_onnx_at_module_level():
-    inside, outside = import_graph(module_level_only=True)
-    roots = [m for m in inside if m.split(".")[1:2] and m.split(".")[1] in RUNTIME_LAYER]
+def reachable(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
+    """The modules `roots` import, directly or not (themselves included)."""
     reached, pending = set(), list(roots)
     while pending:
         module = pending.pop()
         if module not in reached:
             reached.add(module)
-            pending.extend(inside[module])
+            pending.extend(graph[module])
+    return reached
+
+
+def test_the_runtime_layer_imports_no_torch_transformers_or_onnx_at_module_level():
+    inside, outside = import_graph(module_level_only=True)
+    roots = [m for m in inside if m.split(".")[1:2] and m.split(".")[1] in RUNTIME_LAYER]
+    reached = reachable(inside, roots)
     heavy = {m: sorted(outside[m] & HEAVY) for m in sorted(reached) if outside[m] & HEAVY}
     assert roots and not heavy, f"imported when the runtime is: {heavy}"
 
@@ -131,12 +137,7 @@ def test_the_torch_free_builder_imports_no_torch_or_transformers_at_module_level
     transformers are only the traced path's, imported when it is taken."""
     inside, outside = import_graph(module_level_only=True)
     roots = [m for m in inside if m.split(".")[1:2] == ["writer"] or m.endswith(".export.build")]
-    reached, pending = set(), list(roots)
-    while pending:
-        module = pending.pop()
-        if module not in reached:
-            reached.add(module)
-            pending.extend(inside[module])
+    reached = reachable(inside, roots)
     heavy = {m: sorted(outside[m] & {"torch", "transformers"}) for m in sorted(reached) if outside[m] & {"torch", "transformers"}}
     assert len(roots) > 3 and not heavy, f"imported when the builder is: {heavy}"
 
