@@ -72,7 +72,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .export.build import torch_installed
+    from .export.makers import torch_installed
     from .verify.judge import format_table, sibling_teacher, verify_bundle
 
     teacher = Path(args.teacher) if args.teacher else None

@@ -25,6 +25,7 @@ from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from ..runtime.manifest import Manifest
 from ..writer.graph import OPSET
+from .makers import TRACED, WRITTEN, torch_installed
 
 PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
 _ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
@@ -72,11 +73,6 @@ def graph_entry(path: Path, extra: dict) -> dict:
     }
 
 
-# How a bundle's graphs were made: traced from the PyTorch reference by torch.onnx, or written from the
-# checkpoint by the torch-free writer (writer/); manifests record it under tools["graphs"].
-TRACED, WRITTEN = "torch.onnx", "vibevoice-onnx writer"
-
-
 def tool_versions(graphs: str = TRACED) -> dict:
     versions = {}
     for package in ("vibevoice-onnx", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "numpy"):
@@ -85,15 +81,6 @@ def tool_versions(graphs: str = TRACED) -> dict:
         except metadata.PackageNotFoundError:
             versions[package] = None
     return {**versions, "graphs": graphs}
-
-
-def torch_installed() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except ImportError:  # an import hook that refuses it
-        return False
 
 
 def graph_maker(kind: str, profile, write: bool | None) -> str:
@@ -178,6 +165,13 @@ def _copy_graph(source: Path, graph: dict, tmp: Path) -> dict:
     return graph
 
 
+def export_graph(spec, out_dir: Path, log, fuse: bool = True) -> Path:
+    """A graph traced by torch.onnx (export/graphs.py, imported when a traced build asks for it)."""
+    from .graphs import export_graph as traced
+
+    return traced(spec, out_dir, log, fuse=fuse)
+
+
 def _written_graphs(kind: str, checkpoint: Checkpoint, tmp: Path, schemes: dict) -> dict:
     """Every graph of the kind written from the checkpoint without torch (writer/), quantized tensor by tensor
     as `schemes` says, and its host tensors."""
@@ -197,7 +191,6 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
     """Every graph of the kind; those whose weights stay in the shards are streamed (and quantized as their
     scheme says) instead of exported from memory. The others, with an fp32 `sibling` bundle of the same
     checkpoint, are copied from it with its host tensors (they stay fp32 in every precision)."""
-    from .graphs import export_graph
     from .streaming import export_streamed
 
     kept = Manifest.read(sibling).graphs if sibling else {}

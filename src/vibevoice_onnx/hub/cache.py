@@ -20,7 +20,7 @@ from pathlib import Path
 from ..checkpoints.checkpoint import Checkpoint
 from ..checkpoints.files import checkpoint_hash, open_checkpoint
 from ..errors import VibeVoiceError
-from ..export.build import TRACED, WRITTEN, torch_installed
+from ..export.makers import TRACED, WRITTEN, torch_installed
 from ..families import family
 from ..runtime.bundle import MANIFEST, Bundle
 from .home import home
