@@ -265,3 +265,31 @@ def test_without_a_precision_a_bundle_whose_int8_gates_fail_falls_back_to_fp32_i
     assert "failed its gates" not in said[1] and "first use" not in said[1]
     bundles = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "home").glob("bundles/*/realtime/*/manifest.json")}
     assert sorted(bundles) == ["cpu_fp32", "cpu_int8"] and not bundles["cpu_int8"]["parity"]["passed"]
+
+
+def test_the_teacher_gates_hold_teacher_and_student_one_phase_at_a_time(written, tmp_path, monkeypatch):
+    """Never both whole: at no moment are more graphs open than one bundle has (7), the teacher's decoder never
+    beside its LMs (its loops' audio is decoded after them), so the gates' memory is one bundle's, not two."""
+    import weakref
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+    from vibevoice_onnx.verify.judge import verify_bundle
+
+    bundle = shutil.copytree(written / "cpu_int8", tmp_path / "cpu_int8")
+    live, moments = set(), []
+    original = Bundle.session
+
+    def session(self, name):
+        made = name not in self._sessions
+        opened = original(self, name)
+        if made:
+            key = (self.info.precision, name, id(opened))
+            live.add(key)
+            weakref.finalize(opened, live.discard, key)
+            moments.append({(precision, graph) for precision, graph, _ in live})
+        return opened
+
+    monkeypatch.setattr(Bundle, "session", session)
+    assert verify_bundle(bundle, teacher=written / "cpu_fp32", log=lambda line: None)["passed"]
+    assert moments and max(len(m) for m in moments) <= 7, max(moments, key=len)
+    assert not any(("fp32", "acoustic_decoder_stream") in m and ("fp32", "upper_lm") in m for m in moments)

@@ -10,6 +10,7 @@ either reference; the module imports torch only where PyTorch's side is asked fo
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from ..families import family
 from ..generation.common import Teacher
 from ..generation.realtime import FrameDecoder, GenerationResult, GuidedStreams, eos_fires, realtime_frames
 from ..runtime.bundle import Bundle
+from ..runtime.lm import OnnxDiffusionHead, OnnxLm, StreamingConv
 from ..runtime.realtime import DECODE_GROUP, OnnxRealtimeBackend, RealtimeBatch, backend_for
 from ..sampling import NoiseSource
 from ..text import encode_tts_text
@@ -71,9 +73,121 @@ def graph_gates(bundle: Bundle, model, runtime: OnnxRealtimeBackend, log, limits
     return gates
 
 
-def latent_size(reference) -> int:
-    """The latent width of a reference: a backend (an fp32 bundle's graphs) or PyTorch's model."""
-    return (reference.bundle if hasattr(reference, "bundle") else reference).dims.head.latent
+DECODER = "acoustic_decoder_stream"
+LOOP_GRAPHS = ("lower_lm", "upper_lm", "diffusion_head_conditioning", "diffusion_head_step", "acoustic_connector",
+               "eos_classifier")  # a loop's graphs but the decoder
+PROMPT_GRAPHS = ("lower_lm", "upper_lm", "acoustic_connector")  # what backend_prompt runs
+
+
+class Partial(OnnxRealtimeBackend):
+    """A realtime bundle's backend with only `graphs` opened (the others never are)."""
+
+    def __init__(self, bundle: Bundle, graphs: tuple[str, ...]):
+        self.wanted = set(graphs)
+        super().__init__(bundle)
+
+    def open_graphs(self, bundle: Bundle) -> None:
+        self.max_positions = bundle.dims.tts_lm.max_positions
+        self.sessions = {name: bundle.session(name) for name in bundle.info.graphs if name in self.wanted}
+        self.lms = {name: OnnxLm(bundle, name) for name in ("lower_lm", "upper_lm") if name in self.wanted}
+        heads = {"diffusion_head_conditioning", "diffusion_head_step"}
+        self.head = OnnxDiffusionHead(bundle) if heads <= self.wanted else None
+        self.decoder = StreamingConv(bundle, DECODER) if DECODER in self.wanted else None
+
+
+class LoopOnly(Partial):
+    """A bundle's loop without its decoder resident: each frame's audio is left silent and decoded afterwards
+    (decode_recorded), frame by frame from zero states, as the loop decodes one frame a call: the same calls on
+    the same latents, so the same samples."""
+
+    def __init__(self, bundle: Bundle):
+        self.hop = bundle.dims.acoustic_decoder.hop
+        super().__init__(bundle, LOOP_GRAPHS)
+
+    def new_decoder_state(self):
+        return None
+
+    def decode_frames(self, latent, state):
+        return np.zeros(latent.shape[1] * self.hop, np.float32), state
+
+
+def decode_recorded(backend: OnnxRealtimeBackend, results: list[GenerationResult]) -> None:
+    """The audio of loops run by LoopOnly, decoded now by `backend` (the bundle's decoder alone)."""
+    for result in results:
+        state, chunks = backend.new_decoder_state(), []
+        for latent in result.latents:
+            audio, state = backend.decode_frames(backend.unscale(latent[None, None]), state)
+            chunks.append(audio)
+        result.chunks[:] = chunks
+
+
+class Always:
+    """A reference or runtime kept resident throughout (PyTorch's model, or a backend)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.latent = (backend.bundle if hasattr(backend, "bundle") else backend).dims.head.latent
+
+    @contextlib.contextmanager
+    def loop(self, results: list):
+        yield self.backend
+
+    @contextlib.contextmanager
+    def whole(self):
+        yield self.backend
+
+
+class OneAtATime:
+    """A bundle whose graphs are opened for the phase that runs them and released after it, so that a teacher
+    and a student are never both resident for the whole model: a loop's phase holds every graph but the decoder
+    (LoopOnly; the runs' audio is decoded when it ends, with the decoder alone), the runtime's phase the whole
+    bundle, a per-graph gate one graph of each."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.latent = Bundle(self.path).dims.head.latent
+
+    @contextlib.contextmanager
+    def loop(self, results: list):
+        with held(LoopOnly(Bundle(self.path))) as backend:
+            yield backend
+        with held(Partial(Bundle(self.path), (DECODER,))) as decoder:
+            decode_recorded(decoder, results)
+
+    def whole(self):
+        return held(OnnxRealtimeBackend(Bundle(self.path)))
+
+    def graphs(self, names: tuple[str, ...]):
+        return held(Partial(Bundle(self.path), names))
+
+
+@contextlib.contextmanager
+def held(backend: OnnxRealtimeBackend):
+    """`backend` for the phase, its sessions closed at the end however the caller still refers to it."""
+    try:
+        yield backend
+    finally:
+        backend.sessions, backend.lms, backend.head, backend.decoder = {}, {}, None, None
+        backend.bundle._sessions.clear()
+        released()
+
+
+def released() -> None:
+    """Sessions no longer referenced are freed now, not at the collector's leisure, and the memory their weights
+    held goes back to the system: glibc keeps freed heap for reuse unless trimmed, and a student released that
+    way still held 0.8 GB of the next phase's budget (full-size int8 realtime)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator keeps its own counsel
+        pass
+
+
+def resident(reference) -> Always | OneAtATime:
+    return reference if isinstance(reference, OneAtATime) else Always(reference)
 
 
 def closed_loop(reference, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, ids: list[int],
@@ -84,30 +198,38 @@ def closed_loop(reference, runtime: OnnxRealtimeBackend, prompt: VoicePrompt, id
     teacher-forced (the reference's latents fed back: one step of its error per frame, judged by `limits`)
     and free (its own latents fed back), judged against the reference run again with that one-step error
     (verify.calibration). `runs`, when given, receives the runs (free, reference, perturbed, error) for a
-    caller that judges the free run further. `reference`: PyTorch's RealtimeModel, or the teacher's backend."""
-    model = reference
-    noise = NoiseSource.from_seed(seed, latent_size(model))
-    reference = reference_loop(model, prompt, ids, noise, frames, GenerationResult(conditions=[]))
-    ours, forced = GenerationResult(), GenerationResult(conditions=[])
-    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
-        pass
-    for _ in realtime_frames(runtime, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced,
-                             steering=Teacher(reference.latents)):
-        pass
+    caller that judges the free run further. `reference`: PyTorch's RealtimeModel, a backend, or a bundle held
+    one phase at a time (OneAtATime); `runtime`: a backend, or OneAtATime."""
+    reference, runtime = resident(reference), resident(runtime)
+    noise = NoiseSource.from_seed(seed, reference.latent)
+    made: list[GenerationResult] = []
+    with reference.loop(made) as teacher:
+        made.append(reference_loop(teacher, prompt, ids, noise, frames, GenerationResult(conditions=[])))
+    reference_run, ours, forced = made[0], GenerationResult(), GenerationResult(conditions=[])
+    with runtime.whole() as student:
+        for _ in realtime_frames(student, prompt, ids, noise, CFG_SCALE, STEPS, frames, ours, stop_on_eos=False):
+            pass
+        for _ in realtime_frames(student, prompt, ids, noise, CFG_SCALE, STEPS, frames, forced,
+                                 steering=Teacher(reference_run.latents)):
+            pass
     windows = -(-len(ids) // 5)
     detail = (f"{frames} frames, {min(windows, -(-frames // 6))} text windows, cfg {CFG_SCALE}, {STEPS} steps, "
               f"seed {seed}")
-    forced_loop, forced_curves = forced_gates("closed loop", forced, reference, detail, limits)
-    forced_eos, _ = eos_agreement("closed loop, teacher-forced", forced, reference, limits.decision_floor)
-    error = StepError.measure(forced, reference, EOS)
-    perturbed = perturbed_runs(lambda steering: reference_loop(model, prompt, ids, noise, frames, steering=steering), error)
-    gates, calibration = calibrated_gates("closed loop", ours, reference, perturbed, error, EOS, detail)
+    forced_loop, forced_curves = forced_gates("closed loop", forced, reference_run, detail, limits)
+    forced_eos, _ = eos_agreement("closed loop, teacher-forced", forced, reference_run, limits.decision_floor)
+    error = StepError.measure(forced, reference_run, EOS)
+    perturbed: list[GenerationResult] = []
+    with reference.loop(perturbed) as teacher:
+        perturbed += perturbed_runs(lambda steering: reference_loop(teacher, prompt, ids, noise, frames,
+                                                                    steering=steering), error)
+    gates, calibration = calibrated_gates("closed loop", ours, reference_run, perturbed, error, EOS, detail)
     if runs is not None:
-        runs.update(free=ours, reference=reference, perturbed=perturbed, error=error)
-    gates += [*forced_loop, forced_eos, grouped_decode_gate(runtime, ours, DECODE_GROUP, limits)]
+        runs.update(free=ours, reference=reference_run, perturbed=perturbed, error=error)
+    with runtime.whole() as student:
+        gates += [*forced_loop, forced_eos, grouped_decode_gate(student, ours, DECODE_GROUP, limits)]
     eos_logits = {name: [round(float(x), 5) for x in run.eos_logits]
-                  for name, run in (("reference", reference), ("free_running", ours), ("teacher_forced", forced))}
-    info = {"eos_frame_reference": reference.eos_frame, "eos_frame_runtime": ours.eos_frame}
+                  for name, run in (("reference", reference_run), ("free_running", ours), ("teacher_forced", forced))}
+    info = {"eos_frame_reference": reference_run.eos_frame, "eos_frame_runtime": ours.eos_frame}
     return gates, {"frames": frames, "text_tokens": len(ids), "seed": seed, **info, "calibration": calibration,
                    "teacher_forced": forced_curves, "eos_logits": eos_logits}
 
@@ -169,7 +291,11 @@ def verification_prompt(bundle: Bundle, model, voice: str | None) -> tuple[Voice
 
 
 def reference_prompt(model, tokenizer, text: str = "A voice prompt.\n") -> VoicePrompt:
-    """A voice prompt computed from `text` by the reference (PyTorch's model, or a backend: backend_prompt)."""
+    """A voice prompt computed from `text` by the reference (PyTorch's model, a backend, or a bundle held one
+    phase at a time: backend_prompt)."""
+    if isinstance(model, OneAtATime):
+        with model.graphs(PROMPT_GRAPHS) as backend:
+            return backend_prompt(backend, tokenizer, text)
     if hasattr(model, "velocity"):
         return backend_prompt(model, tokenizer, text)
     from ..reference.presets import as_voice_prompt, prompt_from_text
@@ -211,16 +337,23 @@ BATCH_GATE_FRAMES = (CLOSED_LOOP_FRAMES, 12, 9)
 BATCH_GATE_TEXTS = (CLOSED_LOOP_TEXT, "A shorter text for the second stream.", "The third joins late.")
 
 
-def batched_streams(model, runtime: OnnxRealtimeBackend, tokenizer) -> Gate:
+def batch_jobs(model, tokenizer) -> list[tuple]:
+    """The batch gate's three streams: (prompt computed by the reference, text ids, frames, seed)."""
+    return [(reference_prompt(model, tokenizer, voice), encode_tts_text(tokenizer, text), frames, SEED + k)
+            for k, (voice, text, frames) in enumerate(zip(BATCH_GATE_VOICES, BATCH_GATE_TEXTS, BATCH_GATE_FRAMES))]
+
+
+def batched_streams(model, runtime: OnnxRealtimeBackend, tokenizer, jobs: list[tuple] | None = None) -> Gate:
     """Three streams of different voices, texts and lengths batched on one model (the third joining after
     the first has made three frames) against each run alone: latents and audio the same (cosine 0.99999),
-    the same EOS decision at every frame. Batching must change nothing, at any precision."""
-    jobs = [(reference_prompt(model, tokenizer, voice), encode_tts_text(tokenizer, text), frames, SEED + k)
-            for k, (voice, text, frames) in enumerate(zip(BATCH_GATE_VOICES, BATCH_GATE_TEXTS, BATCH_GATE_FRAMES))]
+    the same EOS decision at every frame. Batching must change nothing, at any precision. `jobs`: batch_jobs
+    made before (by a reference no longer resident)."""
+    jobs = batch_jobs(model, tokenizer) if jobs is None else jobs
+    latent = runtime.bundle.dims.head.latent
 
     def run(backend, job, result):
         prompt, ids, frames, seed = job
-        noise = NoiseSource.from_seed(seed, latent_size(model))
+        noise = NoiseSource.from_seed(seed, latent)
         return realtime_frames(backend, prompt, ids, noise, CFG_SCALE, STEPS, frames, result, stop_on_eos=False,
                                decode_group=DECODE_GROUP)
 
@@ -289,37 +422,45 @@ def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, li
     return gates + loop + [batched_streams(model, runtime, bundle.tokenizer), bound], {"closed_loop": {**loop_info, "voice": voice}}
 
 
-def teacher_graph_gates(teacher: OnnxRealtimeBackend, runtime: OnnxRealtimeBackend, prompt: VoicePrompt,
-                        limits: Limits, seed: int = 0) -> list[Gate]:
+def teacher_graph_gates(teacher: OneAtATime, runtime: OneAtATime, prompt: VoicePrompt, limits: Limits,
+                        seed: int = 0) -> list[Gate]:
     """Each graph of the bundle against the same graph of the teacher (the fp32 graphs written from the same
-    checkpoint), on the same realistic inputs: both LMs continuing the verification prompt's caches with a
-    7-token prefill and 3 steps, the head on the upper LM's hidden states, the connector and EOS classifier, the
-    decoder streaming 3 frames from zero states (their audio and its states, as the gate against PyTorch)."""
+    checkpoint), on the same realistic inputs, one graph of each resident at a time: both LMs continuing the
+    verification prompt's caches with a 7-token prefill and 3 steps, the head on the upper LM's hidden states,
+    the connector and EOS classifier, the decoder streaming 3 frames from zero states (their audio and its
+    states, as the gate against PyTorch)."""
     rng = np.random.default_rng(seed)
-    dims = teacher.bundle.dims
-    tokens = teacher.embed_text(rng.integers(0, dims.lm.vocab, 7))
+    dims = Bundle(teacher.path).dims
+    with teacher.graphs(()) as embedder:
+        tokens = embedder.embed_text(rng.integers(0, dims.lm.vocab, 7))
 
     def lm_calls(backend, name: str, layers) -> list[np.ndarray]:
         stream = backend.stream(name, layers, in_place=False)
         return [stream.step(tokens)] + [stream.step(tokens[:, i:i + 1]) for i in range(3)]
 
-    gates, detail = [], "7-token prefill then 3 steps after the verification prompt's cache"
+    def both(graphs: tuple[str, ...], call) -> tuple[list, list]:
+        with teacher.graphs(graphs) as theirs, runtime.graphs(graphs) as ours:
+            return call(theirs), call(ours)
+
+    gates, detail, conditions = [], "7-token prefill then 3 steps after the verification prompt's cache", None
     for name, layers in (("lower_lm", prompt.lm), ("upper_lm", prompt.tts_lm)):
-        reference = lm_calls(teacher, name, layers)
-        gates.append(compare(f"{name}: against the teacher's graph", lm_calls(runtime, name, layers), reference,
-                             limits.graph, detail))
-    conditions = reference[0][0]  # the upper LM's hidden states
+        reference, ours = both((name,), lambda b: lm_calls(b, name, layers))
+        gates.append(compare(f"{name}: against the teacher's graph", ours, reference, limits.graph, detail))
+        conditions = reference[0][0]  # at the end, the upper LM's hidden states
     noisy = rng.standard_normal((len(conditions), dims.head.latent)).astype(np.float32)
     timesteps = np.linspace(999, 100, len(conditions)).round().astype(np.float32)
     latents = rng.standard_normal((1, 4, dims.head.latent)).astype(np.float32)
     calls = {
-        "diffusion_head": lambda b: [b.velocity(noisy, timesteps, conditions)],
-        "acoustic_connector": lambda b: [b.connect(latents)],
-        "eos_classifier": lambda b: [b.sessions["eos_classifier"].run(None, {"hidden_states": conditions})[0]],
-        "acoustic_decoder_stream (3 frames, states)": lambda b: decode_each(b, b.unscale(latents[:, :3])),
+        "diffusion_head": (("diffusion_head_conditioning", "diffusion_head_step"),
+                           lambda b: [b.velocity(noisy, timesteps, conditions)]),
+        "acoustic_connector": (("acoustic_connector",), lambda b: [b.connect(latents)]),
+        "eos_classifier": (("eos_classifier",),
+                           lambda b: [b.sessions["eos_classifier"].run(None, {"hidden_states": conditions})[0]]),
+        "acoustic_decoder_stream (3 frames, states)": ((DECODER,), lambda b: decode_each(b, b.unscale(latents[:, :3]))),
     }
-    for name, call in calls.items():
-        gates.append(compare(f"{name}: against the teacher's graph", call(runtime), call(teacher), limits.graph))
+    for name, (graphs, call) in calls.items():
+        reference, ours = both(graphs, call)
+        gates.append(compare(f"{name}: against the teacher's graph", ours, reference, limits.graph))
     return gates
 
 
@@ -335,8 +476,9 @@ def decode_each(backend: OnnxRealtimeBackend, latents: np.ndarray) -> list[np.nd
 def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
     """The gates without torch: the bundle against `teacher`, the fp32 graphs written from the same checkpoint,
     as run_gates judges it against PyTorch (each graph, the closed loop with its calibration, batched streams,
-    the bound path); the verification prompt computed by the teacher from text unless a voice is named."""
-    runtime, reference = OnnxRealtimeBackend(bundle), OnnxRealtimeBackend(teacher)
+    the bound path); the verification prompt computed by the teacher from text unless a voice is named. Teacher
+    and bundle are held one phase at a time (OneAtATime): never both whole."""
+    reference, runtime = OneAtATime(teacher.path), OneAtATime(bundle.path)
     if voice is None:
         prompt, voice = reference_prompt(reference, bundle.tokenizer), "(computed by the teacher)"
     else:
@@ -347,9 +489,11 @@ def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, l
     log("  closed loop: the whole generation, bundle vs teacher")
     loop, loop_info = closed_loop(reference, runtime, prompt, ids, limits)
     log("  batched streams against each alone")
+    jobs = batch_jobs(reference, bundle.tokenizer)
+    with runtime.whole() as student:
+        batched = batched_streams(reference, student, bundle.tokenizer, jobs)
     bound = bound_gate(bundle, bound_loop(prompt, ids), f"{BOUND_FRAMES} frames of the closed loop: latents, audio, EOS logits")
-    return (gates + loop + [batched_streams(reference, runtime, bundle.tokenizer), bound],
-            {"closed_loop": {**loop_info, "voice": voice}})
+    return gates + loop + [batched, bound], {"closed_loop": {**loop_info, "voice": voice}}
 
 
 BOUND_FRAMES = 8
