@@ -138,17 +138,17 @@ def check_variant(device: str, precision: str) -> None:
         raise VibeVoiceError(f"{device}_{precision} bundles are not built: {why}build it with --device {other}")
 
 
-def reusable_fp32(kind_root: Path, source_hash: str, profile=None, graphs: str = TRACED) -> Path | None:
-    """A complete fp32 bundle of the same checkpoint and profile beside the target, built by the same tools: its
-    graphs are what a fresh export would give, so quantized variants start from them instead of exporting again."""
-    compared = ("torch", "transformers", "onnx", "onnxscript") if graphs == TRACED else ("onnx", "vibevoice-onnx")
+def reusable_fp32(kind_root: Path, source_hash: str, profile=None) -> Path | None:
+    """A complete fp32 bundle of the same checkpoint and profile beside the target, traced by the same tools: its
+    graphs are what a fresh export would give, so quantized variants start from them instead of exporting again.
+    (A written build quantizes as it writes, from no sibling.)"""
+    compared, wanted = ("torch", "transformers", "onnx", "onnxscript"), tool_versions()
     for candidate in sorted(Path(kind_root).glob(f"*_fp32{profile.suffix if profile else ''}")):
         try:
             manifest = Manifest.read(candidate)
         except VibeVoiceError:
             continue
-        wanted = tool_versions(graphs)
-        same_tools = manifest.tools.get("graphs", TRACED) == graphs and \
+        same_tools = manifest.tools.get("graphs", TRACED) == TRACED and \
             {k: manifest.tools.get(k) for k in compared} == {k: wanted[k] for k in compared}
         recorded_profile = manifest.profile or {}
         same_profile = recorded_profile.get("name") is None if profile is None else \
@@ -301,7 +301,7 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32. Written graphs are quantized as they are written.
     reuses = precision != "fp32" and made_by == TRACED
-    source = reusable_fp32(final.parent, source_hash, profile, made_by) if reuses else None
+    source = reusable_fp32(final.parent, source_hash, profile) if reuses else None
     fresh = source is None or hasattr(exporter, "streamed_weights")
     if fresh and exporter is not None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
