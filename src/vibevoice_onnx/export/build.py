@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from ..checkpoints.checkpoint import Checkpoint
 from ..errors import VibeVoiceError
-from ..families import family, stage
+from ..families import family, load, stage
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from ..runtime.manifest import Manifest
@@ -176,7 +176,6 @@ def _written_graphs(kind: str, checkpoint: Checkpoint, tmp: Path, schemes: dict)
     """Every graph of the kind written from the checkpoint without torch (writer/), quantized tensor by tensor
     as `schemes` says, and its host tensors."""
     from ..checkpoints.inspect import check_layout
-    from ..families import load
 
     check_layout(checkpoint)  # strict, as the traced path's loading: refuses a checkpoint that does not match
     writer = load(family(kind).writer)
@@ -265,8 +264,6 @@ def build_cost(kind: str, precision: str, parameters: int, graphs: str = TRACED)
     """(minutes, peak GB) of a first build (and, traced, verify) of a checkpoint of `parameters`, scaled from the
     full-size first use measured on 2 cores by the kind's exporter or writer (its BUILD_COST: seconds and peak GB
     per billion parameters, by precision; a precision it did not measure takes its fp32 cost)."""
-    from ..families import load
-
     cost = (load(family(kind).writer) if graphs == WRITTEN else _exporter(kind)).BUILD_COST
     seconds_per_billion, gb_per_billion = cost.get(precision, cost["fp32"])
     billions = parameters / 1e9

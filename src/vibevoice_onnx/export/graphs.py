@@ -19,9 +19,7 @@ from torch.export import Dim
 from ..checkpoints.configs import HeadDims, QwenDims
 from ..reference.loading import is_placeholder
 from ..reference.modules import ConvState, UpstreamPadding, conv_state_specs
-
-OPSET = 18
-EXTERNAL_DATA_BYTES = 64 * 2**20  # graphs with more weights than this keep them in a .onnx.data file
+from ..writer.graph import EXTERNAL_DATA_BYTES, OPSET  # noqa: F401 (OPSET: the traced graphs' as the written ones')
 
 
 def kv_names(layers: int, prefix: str) -> list[str]:

@@ -19,10 +19,10 @@ import torch
 
 from ..errors import VibeVoiceError
 from ..reference.loading import DeferredWeight
+from ..writer.graph import AlignedFile
 from .graphs import GraphSpec, trace
 from .precision import Mixed, Scheme, layer_count, quantize_weight
 
-ALIGNMENT = 4096  # tensor offsets in the data file, so onnxruntime can map them
 
 
 def deferred_weights(spec: GraphSpec, reference) -> dict[str, DeferredWeight]:
@@ -33,24 +33,13 @@ def deferred_weights(spec: GraphSpec, reference) -> dict[str, DeferredWeight]:
             if targets.get(id(p)) in reference.deferred}
 
 
-class DataFile:
+class DataFile(AlignedFile):
     """The graph's .onnx.data file, written tensor by tensor; each tensor becomes an external reference."""
 
-    def __init__(self, path: Path):
-        self.path, self.file, self.bytes, self.payload = path, open(path, "wb"), 0, 0
-
     def add(self, name: str, array: np.ndarray) -> ir.ExternalTensor:
-        offset = -self.bytes % ALIGNMENT + self.bytes
-        data = np.ascontiguousarray(array).tobytes()
-        self.file.seek(offset)
-        self.file.write(data)
-        self.bytes = offset + len(data)
-        self.payload += len(data)
-        return ir.ExternalTensor(self.path.name, offset, len(data), ir.DataType.from_numpy(array.dtype),
+        offset, length = super().add(array)
+        return ir.ExternalTensor(self.path.name, offset, length, ir.DataType.from_numpy(array.dtype),
                                  shape=ir.Shape(array.shape), name=name, base_dir=self.path.parent)
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def _initializer(graph: ir.Graph, data: DataFile, name: str, array: np.ndarray) -> ir.Value:

@@ -32,9 +32,6 @@ class Weights:
     def under(self, prefix: str) -> "Weights":
         return Weights(self.files, self.prefix + prefix)
 
-    def has(self, name: str) -> bool:
-        return self.prefix + name in self.files.tensors
-
     def nbytes(self, names=None) -> int:
         """fp32 bytes of the tensors under the prefix (or of `names`)."""
         wanted = [self.prefix + n for n in names] if names is not None else \

@@ -23,6 +23,26 @@ _ELEMENT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): T
                   np.dtype(np.uint8): TensorProto.UINT8}
 
 
+class AlignedFile:
+    """A graph's .onnx.data file, written tensor by tensor at page-aligned offsets (what onnxruntime maps); the
+    writer's and the traced export's streamed weights (export/streaming.py) both write through it."""
+
+    def __init__(self, path: Path):
+        self.path, self.file, self.end, self.payload = Path(path), open(path, "wb"), 0, 0
+
+    def add(self, array: np.ndarray) -> tuple[int, int]:
+        """Write `array`'s bytes at the next aligned offset: (offset, length)."""
+        data = np.ascontiguousarray(array).tobytes()
+        offset = -self.end % ALIGNMENT + self.end
+        self.file.seek(offset)
+        self.file.write(data)
+        self.end, self.payload = offset + len(data), self.payload + len(data)
+        return offset, len(data)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class GraphWriter:
     """One graph: `input`, `op` and `output` in run order, `weight` for a checkpoint's tensors, `product` for a
     linear layer's weight (quantized as it is written where the graph has a `scheme`: export.precision's Scheme
@@ -41,8 +61,7 @@ class GraphWriter:
         self.fp32_bytes = 0  # what the weights would take in fp32
         self.scheme, self.quantized, self.layers = scheme, 0, None  # layers: an LM's, for a Mixed scheme's rules
         self.data_path = self.path.with_name(self.path.name + ".data") if external else None
-        self._data = open(self.data_path, "wb") if external else None
-        self._offset = 0
+        self._data = AlignedFile(self.data_path) if external else None
 
     def _unique(self, stem: str) -> str:
         count = self._counts.get(stem, 0)
@@ -92,13 +111,10 @@ class GraphWriter:
         if self._data is None:
             self.initializers.append(numpy_helper.from_array(array, name))
             return name
-        offset = -self._offset % ALIGNMENT + self._offset
-        self._data.seek(offset)
-        self._data.write(array.tobytes())
-        self._offset = offset + array.nbytes
+        offset, length = self._data.add(array)
         tensor = TensorProto(name=name, data_type=_ELEMENT_TYPES[array.dtype], dims=array.shape,
                              data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", self.data_path.name), ("offset", str(offset)), ("length", str(array.nbytes))):
+        for key, value in (("location", self.data_path.name), ("offset", str(offset)), ("length", str(length))):
             tensor.external_data.add(key=key, value=value)
         self.initializers.append(tensor)
         return name
