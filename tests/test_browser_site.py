@@ -19,13 +19,15 @@ from conftest import copy_bundle  # noqa: E402
 from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
 
 from vibevoice_onnx.web.check import (GRAPH_LIMITS, LOOP_COSINE, WEBGPU_ON_CPU, closeness, graph_calls,  # noqa: E402
-                                      tokenizer_ids, whole_loop)
+                                      page_arithmetic, tokenizer_ids, whole_loop)
 from vibevoice_onnx.web.check import open_page as page  # noqa: E402  (the page at a URL, its API ready or refused)
 
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is missing: run scripts/install-test-system-packages",
                 allow_module_level=True)
-WAIT = 60
+# How long a script or a wait in the page may take before the test calls it hung: a limit that catches a hang only,
+# never a slow machine (the whole loop on WebGPU's software adapter took over 60 s on 2 loaded cores).
+WAIT = 600
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ def test_the_pages_sampler_schedule_is_pythons(host, browser, steps):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int8_bundle, precision):
     """DPM-Solver++ with CFG over the head's graphs: the same conditions and noise give the Python runtime's latent
-    (fp32: the same arithmetic in another order; int8: the head's graphs differ as the graph gate above measures)."""
+    in the page's arithmetic (the same arithmetic in another order, at fp32 and int8 alike)."""
     from vibevoice_onnx.generation.common import sample_next
     from vibevoice_onnx.runtime.bundle import Bundle
     from vibevoice_onnx.runtime.realtime import OnnxRealtimeBackend
@@ -198,51 +200,42 @@ def test_a_latent_sampled_in_the_page_is_pythons(host, browser, site_bundle, int
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
     assert page(browser, f"{host}/{precision}/")["ok"]
-    backend = OnnxRealtimeBackend(Bundle(bundle))
-    width = Bundle(bundle).dims.lm.hidden
+    largest, lowest = GRAPH_LIMITS["wasm", "fp32" if precision == "fp32" else "quantized"]
     rng = np.random.default_rng(11)
-    for steps, cfg in ((5, 1.5), (10, 3.0)):
-        positive, negative = (rng.standard_normal((1, width)).astype(np.float32) for _ in range(2))
-        noise = NoiseSource.from_seed(3)
-        ours = sample_next(backend, DpmSolverSchedule.create(steps), noise, positive, negative, cfg, 0)
-        theirs = browser.execute_async_script("""
-            const done = arguments[arguments.length - 1], [positive, negative, noise, cfgScale, steps] = arguments;
-            globalThis.vibevoice.sampleLatent({positive: Float32Array.from(positive), negative: Float32Array.from(negative),
-                noise: Float32Array.from(noise), cfgScale, steps}).then((x) => done(Array.from(x)), (e) => done(e.message));
-            """, positive[0].tolist(), negative[0].tolist(), noise(0).tolist(), cfg, steps)
-        assert isinstance(theirs, list), theirs
-        difference, cosine = closeness(theirs, ours)
-        largest, lowest = GRAPH_LIMITS["wasm", "fp32" if precision == "fp32" else "quantized"]
-        assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
+    with page_arithmetic(bundle) as reference:
+        backend = OnnxRealtimeBackend(Bundle(reference))
+        for steps, cfg in ((5, 1.5), (10, 3.0)):
+            positive, negative = (rng.standard_normal((1, backend.bundle.dims.lm.hidden)).astype(np.float32)
+                                  for _ in range(2))
+            noise = NoiseSource.from_seed(3)
+            ours = sample_next(backend, DpmSolverSchedule.create(steps), noise, positive, negative, cfg, 0)
+            theirs = browser.execute_async_script("""
+                const done = arguments[arguments.length - 1], [positive, negative, noise, cfgScale, steps] = arguments;
+                globalThis.vibevoice.sampleLatent({positive: Float32Array.from(positive), negative: Float32Array.from(negative),
+                    noise: Float32Array.from(noise), cfgScale, steps}).then((x) => done(Array.from(x)), (e) => done(e.message));
+                """, positive[0].tolist(), negative[0].tolist(), noise(0).tolist(), cfg, steps)
+            assert isinstance(theirs, list), theirs
+            difference, cosine = closeness(theirs, ours)
+            assert difference <= largest and cosine >= lowest, (steps, cfg, difference, cosine)
 
 
 @pytest.mark.parametrize("precision, provider", [("fp32", "wasm"), ("int8", "wasm"), ("int8", "webgpu")])
 def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, site_bundle, int8_bundle, precision,
                                                                 provider):
     """The whole loop in JavaScript (text windows, both LMs and their caches, CFG, the sampler, the connector, EOS,
-    the streaming decoder) against the Python runtime on the same text, voice and noise rows (`speak --noise`):
-    the same frame count; fp32: the samples at cosine 0.999 or more (measured 1.0000000 to seven places, max|Δ|
-    1.2e-6). int8: the 8-bit products round their activations to int8 on x86 and not in WASM, and the loop carries that on
-    (measured 0.9984 over 14 latents, under the issue's 0.999): the page's audio must stay at 0.995 or more, and
-    nearer Python's int8 audio than that is to Python's fp32 audio (measured 0.9963): the browser adds less than
-    int8 itself does."""
-    from vibevoice_onnx.runtime.speech import open_tts
-    from vibevoice_onnx.sampling import NoiseSource
-    from vibevoice_onnx.web.check import LOOP_FRAMES, LOOP_TEXT, closeness, loop_rows
+    the streaming decoder) against the Python runtime on the same text, voice and noise rows (`speak --noise`), in
+    the page's arithmetic (`page_arithmetic`: int8's products without x86's activation rounding, which differs by
+    instruction set): the same frame count, the samples at LOOP_COSINE in direction and LOOP_GAIN in level."""
+    from vibevoice_onnx.web.check import LOOP_FRAMES, LOOP_GAIN
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
     assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
     loop = whole_loop(browser, bundle, "synthetic")
-    assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
-    if precision == "fp32":
-        assert loop["cosine"] >= LOOP_COSINE["fp32"] == 0.999, loop["cosine"]
-    else:
-        spoken = [open_tts(source).create(LOOP_TEXT, voice="synthetic", noise=NoiseSource(rows=loop_rows()),
-                                          max_frames=LOOP_FRAMES)[0] for source in (bundle, site_bundle)]
-        own = closeness(*spoken)[1]  # int8 against fp32, both in Python
-        assert loop["cosine"] >= LOOP_COSINE["quantized"] == 0.995 and 1 - loop["cosine"] < 1 - own, (loop, own)
     print(provider, precision, f"cosine {loop['cosine']:.7f}", f"max|Δ| {loop['difference']:.2e} of scale",
-          f"own {own:.7f}" if precision != "fp32" else "")
+          f"gain {loop['gain']:.6f}")
+    assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
+    exactness = "fp32" if precision == "fp32" else "quantized"
+    assert loop["cosine"] >= LOOP_COSINE[exactness] and abs(loop["gain"] - 1) <= LOOP_GAIN == 0.005, loop
     assert not errors(browser)
 
 
