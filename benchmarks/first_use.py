@@ -51,7 +51,8 @@ BLOCK_TORCH = """import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "transformers"):
-            raise ImportError(f"blocked import of {name} (benchmarks/first_use.py --without-torch)")
+            raise ModuleNotFoundError(f"blocked import of {name} (benchmarks/first_use.py --without-torch)",
+                                      name=name.split(".")[0])  # as Python says it of a package not installed
 sys.meta_path.insert(0, Block())
 """
 

@@ -39,8 +39,8 @@ BLOCK_TORCH = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "transformers"):
-            raise ImportError(f"blocked import of {name}")
+        if name.split(".")[0] in ("torch", "transformers"):  # as Python says it of a package not installed
+            raise ModuleNotFoundError(f"blocked import of {name}", name=name.split(".")[0])
 sys.meta_path.insert(0, Block())
 """
 

@@ -25,7 +25,15 @@ from vibevoice_onnx.export.build import TRACED, WRITTEN, build_bundle
 MAX_ERROR, MIN_COSINE, MAX_GAIN_ERROR = 1e-5, 0.9999999, 1e-6
 # Graphs with no such table: the same operators on the same weights give the same bits.
 BITWISE = ("diffusion_head_step", "acoustic_connector", "eos_classifier", "acoustic_decoder_stream")
-SIZES = {"batch": 2, "sequence": 3, "capacity": 16, "frames": 2}
+SIZES = {"batch": 2, "sequence": 3, "capacity": 16, "frames": 2, "samples": 2 * 3200 + 123}  # not whole frames
+
+
+def size(dim) -> int:
+    """A manifest's dimension: a number, a name of SIZES, or HOP*name (a streaming encoder's whole frames)."""
+    if isinstance(dim, int):
+        return dim
+    factor, _, name = dim.rpartition("*")
+    return int(factor or 1) * SIZES[name]
 
 
 def run_blocked(tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -60,8 +68,9 @@ def graph_inputs(entry: dict, rng: np.random.Generator) -> dict[str, np.ndarray]
              "position_ids": np.tile(np.arange(3), (2, 1)), "timesteps": np.array([999.0, 500.0], np.float32)}
     feeds = {}
     for spec in entry["inputs"]:
-        shape = [SIZES[d] if isinstance(d, str) else d for d in spec["shape"]]
-        feeds[spec["name"]] = fixed.get(spec["name"], rng.standard_normal(shape).astype(spec["dtype"]))
+        scale = 0.1 if spec["name"] == "audio" else 1.0  # audio in [-1, 1]
+        drawn = (rng.standard_normal([size(d) for d in spec["shape"]]) * scale).astype(spec["dtype"])
+        feeds[spec["name"]] = fixed.get(spec["name"], drawn)
     return feeds
 
 
@@ -83,6 +92,40 @@ def manifest(bundle: Path) -> dict:
     return json.loads((bundle / "manifest.json").read_text())
 
 
+# The ASR graphs with no rotary table: the head, the encoders streaming a segment of any length (upstream's
+# right padding on its last one), the connectors' sum.
+ASR_BITWISE = ("lm_head", "acoustic_encoder_stream", "semantic_encoder_stream", "audio_connector")
+
+
+@pytest.mark.parametrize("kind, precision", [("asr", "fp32"), ("asr", "int8"), ("asr-hf", "fp32"),
+                                             ("asr-streaming", "fp32")])
+def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(kind, precision, tiny_checkpoints,
+                                                                               tiny_asr_bundle, tiny_streaming_bundle,
+                                                                               tmp_path):
+    """ASR in both hub layouts (transformers' names read through the upstream ones) and ASR-Streaming (its head
+    tied to the embedding), written with torch blocked; int8 against the traced int8 built from the fp32 bundle
+    beside it."""
+    from safetensors.numpy import load_file
+
+    from vibevoice_onnx.runtime.bundle import HOST_TENSORS
+
+    tokenizer = tiny_asr_bundle.parents[2] / "tokenizer.json"
+    checkpoint = tiny_streaming_bundle.parents[2] / "checkpoint" if kind == "asr-streaming" else tiny_checkpoints[kind]
+    traced = {"asr": tiny_asr_bundle, "asr-streaming": tiny_streaming_bundle}.get(kind) or \
+        build_bundle(checkpoint, tmp_path / "traced", tokenizer=tokenizer, write=False)
+    if precision != "fp32":
+        shutil.copytree(traced, tmp_path / "traced" / kind / "cpu_fp32")
+        traced = build_bundle(checkpoint, tmp_path / "traced", precision, tokenizer=tokenizer, write=False)
+    done = run_blocked(tmp_path, "build", str(checkpoint), "-o", str(tmp_path / "written"), "--precision", precision,
+                       "--tokenizer", str(tokenizer))
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "written" / kind / f"cpu_{precision}"
+    assert manifest(written)["tools"]["graphs"] == WRITTEN
+    assert_graphs_compute_alike(written, traced, ASR_BITWISE)
+    ours, theirs = (load_file(str(b / HOST_TENSORS)) for b in (written, traced))
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_the_base_install_builds_a_realtime_bundle_by_writing_its_graphs(written, traced):
     """With torch blocked, `build` writes the graphs (the manifest says so), and the bundle holds the traced
     bundle's graphs with the same inputs, outputs and streaming states."""
@@ -99,17 +142,72 @@ def test_the_base_install_builds_a_realtime_bundle_by_writing_its_graphs(written
             assert entry.get("precision", {}).get("scheme") == theirs["graphs"][name].get("precision", {}).get("scheme")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_every_written_graph_computes_what_the_traced_one_does(written, traced, precision):
+def assert_graphs_compute_alike(ours: Path, theirs: Path, bitwise=BITWISE) -> None:
+    """Every graph of bundle `ours` gives what the same graph of `theirs` gives on the same inputs: bit for bit
+    where `bitwise` names it, else within fp32's limits; the same inputs, outputs and states in the manifests."""
     rng = np.random.default_rng(0)
-    ours, theirs = written / f"cpu_{precision}", traced / f"cpu_{precision}"
+    assert manifest(ours)["graphs"].keys() == manifest(theirs)["graphs"].keys()
     for name, entry in manifest(ours)["graphs"].items():
+        other_entry = manifest(theirs)["graphs"][name]
+        for side in ("inputs", "outputs"):
+            assert [(v["name"], v["dtype"]) for v in entry[side]] == [(v["name"], v["dtype"]) for v in other_entry[side]]
+        assert entry.get("states") == other_entry.get("states"), name
         feeds = graph_inputs(entry, rng)
-        for reference, other in zip(outputs(theirs, manifest(theirs)["graphs"][name], feeds), outputs(ours, entry, feeds)):
-            if name in BITWISE:
+        for reference, other in zip(outputs(theirs, other_entry, feeds), outputs(ours, entry, feeds)):
+            assert reference.shape == other.shape, name
+            if name in bitwise:
                 assert np.array_equal(reference, other), name
             error, cosine, gain = closeness(reference, other)
             assert error <= MAX_ERROR and cosine >= MIN_COSINE and gain <= MAX_GAIN_ERROR, (name, error, cosine, gain)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_every_written_graph_computes_what_the_traced_one_does(written, traced, precision):
+    assert_graphs_compute_alike(written / f"cpu_{precision}", traced / f"cpu_{precision}")
+
+
+# The 1.5B's and Large's graphs with no rotary or timestep table: the same operators on the same weights. The
+# encoders too: the whole-sequence one pads each strided conv to whole strides as upstream does.
+LONG_FORM_BITWISE = ("diffusion_head_step", "acoustic_connector", "semantic_connector", "acoustic_encoder",
+                     "acoustic_decoder_stream", "semantic_encoder_stream")
+
+
+@pytest.fixture(scope="module")
+def long_form(tiny_checkpoints, tiny_15b_bundle, tmp_path_factory) -> Path:
+    """The tiny 1.5B's fp32 and int8 bundles written with torch blocked, and traced (the int8 ones from the fp32
+    one beside them, as `build` makes them): ROOT/{written,traced}/1.5b/cpu_*."""
+    root = tmp_path_factory.mktemp("long-form")
+    for precision in ("fp32", "int8"):
+        done = run_blocked(root, "build", str(tiny_checkpoints["1.5b"]), "-o", str(root / "written"),
+                           "--precision", precision)
+        assert done.returncode == 0, done.stderr
+    shutil.copytree(tiny_15b_bundle, root / "traced" / "1.5b" / "cpu_fp32")
+    build_bundle(tiny_checkpoints["1.5b"], root / "traced", "int8", write=False)
+    return root
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_15b_graphs_written_without_torch_compute_what_the_traced_ones_do(long_form, precision):
+    """Its eight graphs: the LM, the head's two, both connectors, the whole-sequence acoustic encoder (a batch of
+    2.04 frames: upstream's right padding), the streaming decoder and the streaming semantic encoder with states."""
+    written = long_form / "written" / "1.5b" / f"cpu_{precision}"
+    assert manifest(written)["tools"]["graphs"] == WRITTEN
+    assert_graphs_compute_alike(written, long_form / "traced" / "1.5b" / f"cpu_{precision}", LONG_FORM_BITWISE)
+
+
+def test_the_large_graphs_written_compute_what_the_traced_ones_do(tiny_checkpoints, tmp_path):
+    """Large: the 1.5B's graphs from the 7B's layout, and its untied head's rows among the host tensors."""
+    from safetensors.numpy import load_file
+
+    from vibevoice_onnx.runtime.bundle import HOST_TENSORS
+
+    for write in (True, False):
+        build_bundle(tiny_checkpoints["large"], tmp_path / str(write), write=write)
+    written, traced = (tmp_path / str(write) / "large" / "cpu_fp32" for write in (True, False))
+    assert_graphs_compute_alike(written, traced, LONG_FORM_BITWISE)
+    ours, theirs = (load_file(str(b / HOST_TENSORS)) for b in (written, traced))
+    assert ours.keys() == theirs.keys() and "lm_head" in ours
+    assert all(ours[k].dtype == theirs[k].dtype and np.array_equal(ours[k], theirs[k]) for k in ours)
 
 
 def quantized_weights(path: Path) -> list[np.ndarray]:
@@ -162,11 +260,30 @@ def test_the_written_bundle_speaks_without_torch(written, tiny_preset, tmp_path)
     assert rate == 24000 and audio.size == 6 * 3200 and np.abs(audio).max() > 0
 
 
-def test_a_kind_the_writer_does_not_cover_yet_gets_one_sentence_without_torch(tiny_checkpoints, tmp_path):
-    done = run_blocked(tmp_path, "build", str(tiny_checkpoints["1.5b"]), "-o", str(tmp_path / "onnx"))
+def test_a_kind_the_writer_does_not_cover_yet_gets_one_sentence_without_torch(tmp_path):
+    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
+
+    make_checkpoint("asr-bitnet", tmp_path / "bitnet", size="tiny", seed=0)
+    done = run_blocked(tmp_path, "build", str(tmp_path / "bitnet"), "-o", str(tmp_path / "onnx"))
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "building 1.5b bundles needs PyTorch here (pip install 'vibevoice-onnx[export]')" in done.stderr
+    assert "building asr-bitnet bundles needs PyTorch here (pip install 'vibevoice-onnx[export]')" in done.stderr
     assert not (tmp_path / "onnx").exists()
+
+
+def test_without_torch_the_default_is_what_can_be_verified_without_it(long_form, tmp_path):
+    """The 1.5B's graphs are written without torch but its gates have no teacher yet: without torch its default is
+    fp32 (usable unverified), and `verify` of its int8 bundle says why in one sentence; with torch, int8 first."""
+    from vibevoice_onnx.hub.cache import default_order
+
+    probe = ("from vibevoice_onnx.hub.cache import default_order; "
+             "print(default_order('1.5b', 'cpu'), default_order('realtime', 'cpu'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=torch_blocked_environment(tmp_path), timeout=120)
+    assert done.stdout.split("\n")[0] == "('fp32',) ('int8', 'fp32')", done.stderr
+    assert default_order("1.5b", "cpu") == ("int8", "fp32")  # torch is installed here
+    done = run_blocked(tmp_path, "verify", str(long_form / "written" / "1.5b" / "cpu_int8"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "1.5b bundles are verified against PyTorch only so far" in done.stderr
 
 
 def test_the_fixed_profile_is_traced_only(tiny_checkpoints, tmp_path):

@@ -101,7 +101,7 @@ LONG_FORM = Family(
     shards=3, processor_class="VibeVoiceProcessor",
     to_transformers="checkpoints.names:tts_1p5b_to_hf",
     reference="reference.tts15b:load_tts15b", torch_backend="reference.tts15b:TorchTts15bBackend",
-    exporter="export.tts15b", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
+    exporter="export.tts15b", writer="writer.tts15b", policy="export.precision:LONG_FORM_POLICY", gates="verify.tts15b",
     runtime="runtime.tts15b:LongFormTTS", voices="audio", defaults=Defaults(cfg_scale=1.3, steps=10),
     capabilities=Capabilities(speaks=True, long_form=True, batchable=True), languages=("en", "zh"),
 )
@@ -110,7 +110,7 @@ ASR = Family(
     hub_config="checkpoints.configs:asr_config", layout="checkpoints.layouts:asr_codes_layout",
     shards=8,  # not established; mirrors its -HF twin
     to_transformers="checkpoints.names:asr_codes_to_hf",
-    exporter="export.asr", policy="export.precision:ASR_POLICY", gates="verify.asr",
+    exporter="export.asr", writer="writer.asr", policy="export.precision:ASR_POLICY", gates="verify.asr",
     runtime="runtime.asr:Transcriber",
     capabilities=Capabilities(transcribes=True, batchable=True),
 )
@@ -129,7 +129,8 @@ FAMILIES = (
     replace(
         LONG_FORM, name="large", title="VibeVoice-Large (7B)",  # the 1.5B's architecture, scaled
         hub_config="checkpoints.configs:large_config", layout="checkpoints.layouts:large_layout", shards=10,
-        to_transformers="checkpoints.names:large_to_hf", exporter="export.large", runtime="runtime.tts15b:LargeTTS",
+        to_transformers="checkpoints.names:large_to_hf", exporter="export.large", writer="writer.large",
+        runtime="runtime.tts15b:LargeTTS",
     ),
     ASR,
     replace(
@@ -143,7 +144,7 @@ FAMILIES = (
         ASR, name="asr-bitnet", title="VibeVoice-ASR-BitNet (1.5B, ternary LM projections)",
         hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
         shards=3, dtype="float32", reference="reference.asr_bitnet:load_asr_bitnet",
-        exporter="export.asr_bitnet", policy="export.precision:BITNET_POLICY", gates="verify.asr",
+        exporter="export.asr_bitnet", writer=None, policy="export.precision:BITNET_POLICY", gates="verify.asr",  # ternary: traced only so far
         prompt="transcription:build_text_prompt", transcript="transcription:parse_prose", int8_activations=True,
     ),
     Family(
@@ -153,7 +154,8 @@ FAMILIES = (
         shards=3, untied_shards=8,  # the 1.5B's 3 shards (its head tied), the 7B's 8 (facts sheet 12.4)
         preprocessor="checkpoints.configs:STREAMING_PREPROCESSOR", added_tokens="checkpoints.configs:STREAMING_TOKENS",
         to_transformers="checkpoints.names:asr_codes_to_hf",
-        exporter="export.asr", policy="export.precision:STREAMING_ASR_POLICY", gates="verify.asr_streaming",
+        exporter="export.asr", writer="writer.asr", policy="export.precision:STREAMING_ASR_POLICY",
+        gates="verify.asr_streaming",
         runtime="runtime.asr_streaming:StreamingModel",
         capabilities=Capabilities(transcribes=True, streams=True),
         languages=("zh", "en", "es", "pt", "de", "ja", "ko", "fr", "ru", "it"),  # facts sheet 12.1

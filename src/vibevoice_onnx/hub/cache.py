@@ -169,7 +169,10 @@ def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer
     settled_before = settled_default(source, checkpoint.kind, device)
     if settled_before is not None:
         return settled_before
-    *faster, fallback = DEFAULT_ORDER[device]
+    *faster, fallback = default_order(checkpoint.kind, device)
+    if len(default_order(checkpoint.kind, device)) < len(DEFAULT_ORDER[device]):
+        log(f"{checkpoint.kind} bundles are verified against PyTorch only so far, so without it the default is "
+            f"{fallback} (pip install 'vibevoice-onnx[export]' for {DEFAULT_ORDER[device][0]})")
     for precision in faster:
         target = build_and_verify(checkpoint, source, precision, device, tokenizer, log)
         parity = Bundle(target).info.parity or {}
@@ -182,14 +185,24 @@ def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer
 
 def settled_default(source: Source, kind: str, device: str) -> Path | None:
     """The bundle build_default settled on before, if it did: no download, no build."""
-    for precision in DEFAULT_ORDER[device]:
+    order = default_order(kind, device)
+    for precision in order:
         target = source.bundle(kind, device, precision)
         if not settled(target):
             return None
         parity = Bundle(target).info.parity
-        if parity is None or parity.get("passed") or precision == DEFAULT_ORDER[device][-1]:
+        if parity is None or parity.get("passed") or precision == order[-1]:
             return target
     return None
+
+
+def default_order(kind: str, device: str) -> tuple[str, ...]:
+    """DEFAULT_ORDER for this install: without torch, only what can be verified without it (a kind whose gates
+    have no teacher falls back at once)."""
+    from ..verify.judge import has_teacher_gates
+
+    order = DEFAULT_ORDER[device]
+    return order if torch_installed() or has_teacher_gates(kind) else order[-1:]
 
 
 def failed_gates(record: dict) -> str:

@@ -331,6 +331,17 @@ def gates_of(kind: str):
     return stage(kind, "gates", f"verifying {kind} bundles")
 
 
+def has_teacher_gates(kind: str) -> bool:
+    """Whether a kind's bundles can be verified without torch (its gates module has run_teacher_gates and
+    imports without torch)."""
+    try:
+        return hasattr(gates_of(kind), "run_teacher_gates")
+    except ModuleNotFoundError as missing:
+        if missing.name in ("torch", "transformers"):
+            return False
+        raise
+
+
 def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None, voice: str | None = None, log=None,
                   teacher: Path | None = None) -> dict:
     """Run the bundle's gates and record their verdict in its manifest: against the fp32 PyTorch reference of
@@ -338,10 +349,11 @@ def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None,
     torch: no PyTorch needed)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     bundle = Bundle(Path(bundle_dir))
-    module = gates_of(bundle.kind)
     limits = limits_for(bundle.kind, bundle.info.precision)
     if teacher is None:
         import torch
+
+        module = gates_of(bundle.kind)
 
         checkpoint = Checkpoint.open(resolve_checkpoint(bundle, checkpoint))
         if checkpoint.hash != bundle.info.source_hash:
@@ -351,9 +363,10 @@ def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None,
         judged_by = {"checkpoint": str(checkpoint.root.resolve()), "reference": "fp32 PyTorch (transformers modules), CPU"}
     else:
         fp32 = teacher_bundle(bundle, Path(teacher))
-        if not hasattr(module, "run_teacher_gates"):
+        if not has_teacher_gates(bundle.kind):
             raise VibeVoiceError(f"{bundle.kind} bundles are verified against PyTorch only so far (pip install "
                                  "'vibevoice-onnx[export]')")
+        module = gates_of(bundle.kind)
         gates, info = module.run_teacher_gates(bundle, fp32, voice, log, limits)
         judged_by = {"checkpoint": bundle.info.source_path, "reference": TEACHER_REFERENCE,
                      "teacher": {"bundle": str(fp32.path.resolve()), "graphs": fp32.info.tools.get("graphs"),

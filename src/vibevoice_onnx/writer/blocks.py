@@ -21,22 +21,28 @@ F32 = np.float32
 
 @dataclass(frozen=True)
 class Weights:
-    """The checkpoint's stored tensors under `prefix`, read one at a time as fp32."""
+    """The checkpoint's stored tensors under `prefix`, read one at a time as fp32, by their upstream names: where
+    the checkpoint stores others (transformers' layout), `stored` maps each upstream name to the stored one."""
 
     files: object  # checkpoints.files.CheckpointFiles
     prefix: str = ""
+    stored: dict | None = None
 
     def __call__(self, name: str) -> np.ndarray:
-        return np.asarray(self.files.read(self.prefix + name)).astype(F32)
+        return np.asarray(self.files.read(self._stored(self.prefix + name))).astype(F32)
+
+    def _stored(self, name: str) -> str:
+        return name if self.stored is None else self.stored[name]
 
     def under(self, prefix: str) -> "Weights":
-        return Weights(self.files, self.prefix + prefix)
+        return Weights(self.files, self.prefix + prefix, self.stored)
 
     def nbytes(self, names=None) -> int:
         """fp32 bytes of the tensors under the prefix (or of `names`)."""
+        upstream = self.files.tensors if self.stored is None else self.stored
         wanted = [self.prefix + n for n in names] if names is not None else \
-            [n for n in self.files.tensors if n.startswith(self.prefix)]
-        return sum(4 * math.prod(self.files.tensors[n].shape) for n in wanted)
+            [n for n in upstream if n.startswith(self.prefix)]
+        return sum(4 * math.prod(self.files.tensors[self._stored(n)].shape) for n in wanted)
 
 
 # --- shared operators -------------------------------------------------------------------------------------------
@@ -199,12 +205,16 @@ class ConvStateSpec:
 
 
 class ConvStack:
-    """A σ-VAE conv stack written as one streaming graph, channels-last between its convs (export.graphs'
-    ChannelsLastStage): every causal conv reads [its state, the new input] and hands on the last samples as
-    its new state, in the order and under the cache keys of transformers' modules."""
+    """A σ-VAE conv stack written as one graph, channels-last between its convs (export.graphs'
+    ChannelsLastStage), in the order and under the cache keys of transformers' modules. Streamed (`states`):
+    every causal conv reads [its state, the new input] and hands on the last samples as its new state; with
+    `pad_to_stride`, a strided conv's input is also zero-padded on the right to whole strides (ConvState's, for a
+    chunk of any length). Whole-sequence (no states): upstream's non-streaming padding (UpstreamPadding), zeros
+    on the left and, for a strided conv, on the right to whole strides, over a batch."""
 
-    def __init__(self, g: GraphWriter, w: Weights, eps: float):
+    def __init__(self, g: GraphWriter, w: Weights, eps: float, states: bool = True, pad_to_stride: bool = False):
         self.g, self.w, self.eps = g, w, eps
+        self.streamed, self.pad_to_stride = states, pad_to_stride
         self.states: list[ConvStateSpec] = []
         self._new: dict[str, str] = {}
 
@@ -212,15 +222,30 @@ class ConvStack:
         self.states.append(ConvStateSpec(key, channels, kept))
         return self.g.input(f"state.{key}", F32, [1, channels, kept])
 
-    def causal_conv(self, x: str, name: str, key: str, weight: np.ndarray, stride: int = 1, groups: int = 1) -> str:
-        """A causal conv on channels-first input: [state, x] convolved with no padding."""
+    def _to_whole_strides(self, x: str, new: str, stride: int, left: int = 0) -> str:
+        """x zero-padded by `left` samples in front and, behind, by what brings `new`'s length to whole strides."""
         g = self.g
-        kept = weight.shape[-1] - stride
-        full = g.op("Concat", self._state(key, weight.shape[1] * groups, kept), x, axis=-1)
-        self._new[key] = g.op("Slice", full, g.const([-kept], np.int64), g.const([INT64_MAX], np.int64),
-                              g.const([2], np.int64))
+        length = g.op("Slice", g.op("Shape", new), g.const([2], np.int64), g.const([3], np.int64))
+        right = g.op("Mod", g.op("Neg", length), g.const([stride], np.int64), fmod=0)
+        pads = g.op("Concat", g.const([0, 0, left, 0, 0], np.int64), right, axis=0)
+        return g.op("Pad", x, pads, mode="constant")
+
+    def causal_conv(self, x: str, name: str, key: str, weight: np.ndarray, stride: int = 1, groups: int = 1) -> str:
+        """A causal conv on channels-first input: what it keeps of the past (a state, or zeros) in front of x."""
+        g = self.g
+        kept, pads = weight.shape[-1] - stride, [0, 0]
+        if self.streamed:
+            full = g.op("Concat", self._state(key, weight.shape[1] * groups, kept), x, axis=-1)
+            self._new[key] = g.op("Slice", full, g.const([-kept], np.int64), g.const([INT64_MAX], np.int64),
+                                  g.const([2], np.int64))
+            if self.pad_to_stride and stride > 1:
+                full = self._to_whole_strides(full, x, stride)
+        elif stride > 1:
+            full = self._to_whole_strides(x, x, stride, left=kept)
+        else:
+            full, pads = x, [kept, 0]
         return g.op("Conv", full, g.weight(f"{name}.weight", weight), g.weight(f"{name}.bias", self.w(f"{name}.bias")),
-                    group=groups, kernel_shape=[weight.shape[-1]], pads=[0, 0], strides=[stride], dilations=[1])
+                    group=groups, kernel_shape=[weight.shape[-1]], pads=pads, strides=[stride], dilations=[1])
 
     def block(self, x: str, name: str, key: str, channels: int) -> str:
         """One ConvNeXt block on channels-last frames: the depthwise mixer, then the FFN, each scaled and added."""
@@ -267,23 +292,55 @@ class ConvStack:
         return {"states": [{"name": s.key, "channels": s.channels, "length": s.kept} for s in self.states]}
 
 
+def conv_stack(stack: ConvStack, x: str, d: ConvStackDims, side: str) -> str:
+    """transformers' encoder or decoder (`side`) on channels-first input: its stem conv and stage, then each
+    layer (a strided conv or an upsampler) with its stage, then its head conv; channels-first out."""
+    g, w = stack.g, stack.w
+    transpose = lambda y: g.op("Transpose", y, perm=[0, 2, 1])  # noqa: E731
+    layers, channels = ("upsample_layers", d.decoder_channels()) if side == "decoder" else \
+        ("downsample_layers", d.encoder_channels())
+    x = stack.causal_conv(x, f"{layers}.0.0.conv.conv", f"{side}_stem", w(f"{layers}.0.0.conv.conv.weight"))
+    x = stack.stage(transpose(x), 0, d.depths[0], 1, channels[0])
+    first_block = d.depths[0] + 1
+    for i in range(1, len(d.depths)):
+        if side == "decoder":
+            x = stack.upsample(x, f"{layers}.{i}.0.convtr.convtr", f"decoder_layer_{i - 1}")
+        else:
+            name = f"{layers}.{i}.0.conv.conv"
+            x = transpose(stack.causal_conv(transpose(x), name, f"encoder_layer_{i - 1}", w(f"{name}.weight"),
+                                            stride=d.ratios[i - 1]))
+        x = stack.stage(x, i, d.depths[i], first_block + 1, channels[i])
+        first_block += d.depths[i] + 1
+    return stack.causal_conv(transpose(x), "head.conv.conv", f"{side}_head", w("head.conv.conv.weight"))
+
+
 def decoder_stream(g: GraphWriter, w: Weights, d: ConvStackDims) -> dict:
     """The acoustic decoder as one streaming graph: latents [1, F, vae] and every conv's state in, audio
     [1, 1, F·hop] and the new states out (export.graphs.decoder_specs). `w` holds the checkpoint's decoder.*
     (upstream names); returns the manifest's state list."""
     stack = ConvStack(g, w, d.eps)
-    channels = d.decoder_channels()
     latents = g.input("latents", F32, [1, "frames", d.vae_dim])
-    x = stack.causal_conv(g.op("Transpose", latents, perm=[0, 2, 1]), "upsample_layers.0.0.conv.conv", "decoder_stem",
-                          w("upsample_layers.0.0.conv.conv.weight"))
-    x = stack.stage(g.op("Transpose", x, perm=[0, 2, 1]), 0, d.depths[0], 1, channels[0])
-    first_block = d.depths[0] + 1
-    for i in range(1, len(d.depths)):
-        x = stack.upsample(x, f"upsample_layers.{i}.0.convtr.convtr", f"decoder_layer_{i - 1}")
-        x = stack.stage(x, i, d.depths[i], first_block + 1, channels[i])
-        first_block += d.depths[i] + 1
-    audio = stack.causal_conv(g.op("Transpose", x, perm=[0, 2, 1]), "head.conv.conv", "decoder_head",
-                              w("head.conv.conv.weight"))
+    audio = conv_stack(stack, g.op("Transpose", latents, perm=[0, 2, 1]), d, "decoder")
     g.output(audio, "audio", F32, [1, 1, f"{d.hop}*frames"])
     stack.write_states()
     return stack.manifest_extra()
+
+
+def encoder_stream(g: GraphWriter, w: Weights, d: ConvStackDims, any_length: bool = False) -> dict:
+    """An encoder fed audio [1, 1, samples] with every conv's state in, latents [1, F, vae] and the new states out
+    (export.graphs.streaming_encoder_spec): whole frames, or with `any_length` a chunk of any length padded to
+    whole strides as upstream pads a recording's last segment. Returns the manifest's state list."""
+    stack = ConvStack(g, w, d.eps, pad_to_stride=any_length)
+    audio = g.input("audio", F32, [1, 1, "samples" if any_length else f"{d.hop}*frames"])
+    latents = g.op("Transpose", conv_stack(stack, audio, d, "encoder"), perm=[0, 2, 1])
+    g.output(latents, "latents", F32, [1, "latent_frames" if any_length else "frames", d.vae_dim])
+    stack.write_states()
+    return stack.manifest_extra()
+
+
+def encoder(g: GraphWriter, w: Weights, d: ConvStackDims) -> None:
+    """An encoder over a batch of audio of any length in one pass with upstream's padding (export.graphs'
+    EncoderGraph): audio [B, 1, N] -> latents [B, ceil(N / hop), vae]."""
+    audio = g.input("audio", F32, ["batch", 1, "samples"])
+    latents = conv_stack(ConvStack(g, w, d.eps, states=False), audio, d, "encoder")
+    g.output(g.op("Transpose", latents, perm=[0, 2, 1]), "latents", F32, ["batch", "latent_frames", d.vae_dim])

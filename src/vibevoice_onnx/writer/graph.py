@@ -162,12 +162,11 @@ class GraphWriter:
     def save(self) -> Path:
         if self._data is not None:
             self._data.close()
-        # Every value these graphs compute is fp32 but a quantizer's integers: typed here because no shape
-        # inference can type what follows a com.microsoft operator, and onnxruntime's quantizers need each
-        # MatMul input's type.
+        # Every value typed here, because no shape inference can type what follows a com.microsoft operator,
+        # and onnxruntime's quantizers need each MatMul input's type.
         declared = {v.name for v in self.outputs}
-        typed = [helper.make_tensor_value_info(o, _computed_type(node, i), None) for node in self.nodes
-                 for i, o in enumerate(node.output) if o not in declared]
+        typed = [helper.make_tensor_value_info(name, element, None) for name, element in self._computed_types().items()
+                 if name not in declared]
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers, value_info=typed)
         opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(self.domains)]
         model = helper.make_model(graph, opset_imports=opsets, producer_name="vibevoice-onnx writer")
@@ -175,12 +174,30 @@ class GraphWriter:
         onnx.save(model, str(self.path))
         return self.path
 
+    def _computed_types(self) -> dict[str, int]:
+        types = {v.name: v.type.tensor_type.elem_type for v in self.inputs}
+        types.update((t.name, t.data_type) for t in self.initializers)
+        computed = {}
+        for node in self.nodes:
+            first = types.get(node.input[0]) if node.input else None
+            for index, name in enumerate(node.output):
+                types[name] = computed[name] = _computed_type(node, index, first)
+        return computed
+
     def abandon(self) -> None:
         if self._data is not None:
             self._data.close()
 
 
-def _computed_type(node: onnx.NodeProto, index: int) -> int:
+def _computed_type(node: onnx.NodeProto, index: int, first_input: int | None) -> int:
+    """What a node's output holds: a quantizer's integers, a shape's int64, a cast's type, else its first input's
+    type (the shape arithmetic of a dynamic padding stays int64), fp32 where that is not known."""
     if node.op_type == "DynamicQuantizeLinear":
         return TensorProto.FLOAT if index == 1 else TensorProto.UINT8
-    return TensorProto.INT32 if node.op_type == "MatMulInteger" else TensorProto.FLOAT
+    if node.op_type in ("MatMulInteger", "Shape"):
+        return TensorProto.INT32 if node.op_type == "MatMulInteger" else TensorProto.INT64
+    if node.op_type == "Cast":
+        return next(a.i for a in node.attribute if a.name == "to")
+    if node.domain == MS_DOMAIN or first_input is None:
+        return TensorProto.FLOAT
+    return first_input
