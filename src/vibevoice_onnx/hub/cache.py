@@ -169,8 +169,9 @@ def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer
     settled_before = settled_default(source, checkpoint.kind, device)
     if settled_before is not None:
         return settled_before
-    *faster, fallback = default_order(checkpoint.kind, device)
-    if len(default_order(checkpoint.kind, device)) < len(DEFAULT_ORDER[device]):
+    order = default_order(checkpoint.kind, device)
+    *faster, fallback = order
+    if order != DEFAULT_ORDER[device]:
         log(f"{checkpoint.kind} bundles are verified against PyTorch only so far, so without it the default is "
             f"{fallback} (pip install 'vibevoice-onnx[export]' for {DEFAULT_ORDER[device][0]})")
     for precision in faster:

@@ -143,18 +143,17 @@ def page_arithmetic(bundle_dir: Path):
     from ..runtime.bundle import MANIFEST, record_files, write_manifest
 
     bundle_dir = Path(bundle_dir)
-    graphs = sorted(bundle_dir.glob("*.onnx"))
-    if not any(leveled(onnx.load(path, load_external_data=False)) for path in graphs):
+    models = {path.name: onnx.load(path, load_external_data=False) for path in sorted(bundle_dir.glob("*.onnx"))}
+    changed = {name: model for name, model in models.items() if leveled(model)}
+    if not changed:
         yield bundle_dir
         return
     with tempfile.TemporaryDirectory(prefix="vibevoice-page-arithmetic-") as folder:
         twin = Path(shutil.copytree(bundle_dir, Path(folder) / bundle_dir.name))
-        for path in graphs:
-            model = onnx.load(path, load_external_data=False)
-            if leveled(model):
-                for attribute in leveled(model):
-                    attribute.i = 0
-                onnx.save(model, twin / path.name)
+        for name, model in changed.items():
+            for attribute in leveled(model):
+                attribute.i = 0
+            onnx.save(model, twin / name)
         write_manifest(twin, record_files(twin, json.loads((twin / MANIFEST).read_text())))
         yield twin
 
@@ -200,14 +199,16 @@ def check_site(site: Path, bundle_dir: Path, provider: str = "wasm", log=print) 
 
     bundle = Bundle(Path(bundle_dir))
     exactness = "fp32" if bundle.info.precision == "fp32" else "quantized"
-    with served(site) as url, tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder:
+    # one copy in the page's arithmetic serves both gates (each would make its own from the bundle)
+    with served(site) as url, tempfile.TemporaryDirectory(prefix="vibevoice-check-") as folder, \
+            page_arithmetic(bundle.path) as reference:
         driver = headless_chromium(Path(folder), 600, *(WEBGPU_ON_CPU if provider == "webgpu" else ()))
         try:
             state = open_page(driver, f"{url}/?provider={provider}")
             if not state["ok"]:
                 raise VibeVoiceError(f"the page refused the bundle: {state['message']}")
-            gates = [tokenizer_gate(driver, bundle, log), graph_gate(driver, bundle.path, provider, exactness, log),
-                     loop_gate(driver, bundle.path, bundle.voices(), exactness, log)]
+            gates = [tokenizer_gate(driver, bundle, log), graph_gate(driver, reference, provider, exactness, log),
+                     loop_gate(driver, reference, bundle.voices(), exactness, log)]
             browser = driver.capabilities.get("browserVersion", "?")
         finally:
             driver.quit()

@@ -16,7 +16,7 @@ from ..checkpoints.layouts import asr_codes_layout
 from ..checkpoints.names import asr_codes_to_hf
 from ..families import family
 from . import write_graph
-from .blocks import F32, Weights, connector, encoder_stream, gemm, language_model
+from .blocks import F32, Weights, connector, encoder_stream, gemm, language_model, lm_weight_bytes
 
 LM, EMBEDDING = "model.language_model.", "model.language_model.embed_tokens.weight"
 
@@ -56,8 +56,7 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
         return lambda g: encoder_stream(g, w, d, any_length=True)
 
     plan = [
-        ("lm", lm.nbytes() - lm.nbytes(["embed_tokens.weight"]),
-         lambda g: language_model(g, lm, dims.lm, final_norm=True)),
+        ("lm", lm_weight_bytes(lm), lambda g: language_model(g, lm, dims.lm, final_norm=True)),
         ("lm_head", weights.nbytes([head_name + ".weight"]), lm_head),
         *((f"{modality}_encoder_stream", encoders[modality][0].nbytes(), encoder_graph(modality)) for modality in encoders),
         ("audio_connector", sum(c.nbytes() for c in connectors.values()), audio_connector),

@@ -75,6 +75,26 @@ def silu(g: GraphWriter, x: str) -> str:
     return g.op("Mul", x, g.op("Sigmoid", x))
 
 
+def speech_host_tensors(files) -> dict[str, np.ndarray]:
+    """What every TTS bundle's host reads itself: the token embedding in its stored dtype (the host looks its rows up
+    one by one), the latent scale and bias in fp32 (export/realtime.py's and export/tts15b.py's)."""
+    weights = Weights(files)
+    return {"embed_tokens": files.read("model.language_model.embed_tokens.weight"),
+            "speech_scaling_factor": weights("model.speech_scaling_factor"),
+            "speech_bias_factor": weights("model.speech_bias_factor")}
+
+
+def lm_weight_bytes(w: Weights) -> int:
+    """fp32 bytes of an LM graph's weights: all under `w` but the token embedding, which stays on the host."""
+    return w.nbytes() - w.nbytes(["embed_tokens.weight"])
+
+
+def speech_connector(g: GraphWriter, w: Weights, width: int, hidden: int) -> None:
+    """A connector as its own graph: latents [B, F, width] in, embeddings [B, F, hidden] out."""
+    x = g.input("latents", F32, ["batch", "frames", width])
+    g.output(connector(g, x, w), "embeddings", F32, ["batch", "frames", hidden])
+
+
 def connector(g: GraphWriter, x: str, w: Weights) -> str:
     """A speech connector: fc2(RMSNorm(fc1(x))), the norm in transformers' rsqrt form as the export keeps it."""
     hidden = linear(g, x, w, "fc1")
@@ -206,15 +226,15 @@ class ConvStateSpec:
 
 class ConvStack:
     """A σ-VAE conv stack written as one graph, channels-last between its convs (export.graphs'
-    ChannelsLastStage), in the order and under the cache keys of transformers' modules. Streamed (`states`):
+    ChannelsLastStage), in the order and under the cache keys of transformers' modules. `streamed`:
     every causal conv reads [its state, the new input] and hands on the last samples as its new state; with
     `pad_to_stride`, a strided conv's input is also zero-padded on the right to whole strides (ConvState's, for a
-    chunk of any length). Whole-sequence (no states): upstream's non-streaming padding (UpstreamPadding), zeros
+    chunk of any length). Whole-sequence (not streamed): upstream's non-streaming padding (UpstreamPadding), zeros
     on the left and, for a strided conv, on the right to whole strides, over a batch."""
 
-    def __init__(self, g: GraphWriter, w: Weights, eps: float, states: bool = True, pad_to_stride: bool = False):
+    def __init__(self, g: GraphWriter, w: Weights, eps: float, streamed: bool = True, pad_to_stride: bool = False):
         self.g, self.w, self.eps = g, w, eps
-        self.streamed, self.pad_to_stride = states, pad_to_stride
+        self.streamed, self.pad_to_stride = streamed, pad_to_stride
         self.states: list[ConvStateSpec] = []
         self._new: dict[str, str] = {}
 
@@ -342,5 +362,5 @@ def encoder(g: GraphWriter, w: Weights, d: ConvStackDims) -> None:
     """An encoder over a batch of audio of any length in one pass with upstream's padding (export.graphs'
     EncoderGraph): audio [B, 1, N] -> latents [B, ceil(N / hop), vae]."""
     audio = g.input("audio", F32, ["batch", 1, "samples"])
-    latents = conv_stack(ConvStack(g, w, d.eps, states=False), audio, d, "encoder")
+    latents = conv_stack(ConvStack(g, w, d.eps, streamed=False), audio, d, "encoder")
     g.output(g.op("Transpose", latents, perm=[0, 2, 1]), "latents", F32, ["batch", "latent_frames", d.vae_dim])

@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 
 from . import write_graph
-from .blocks import F32, Weights, connector, decoder_stream, gemm, head_conditioning, head_step, language_model
+from .blocks import (F32, Weights, decoder_stream, gemm, head_conditioning, head_step, language_model, lm_weight_bytes,
+                     speech_connector, speech_host_tensors)
 
 DECODER = "model.acoustic_tokenizer.decoder."
 HEAD = "model.prediction_head."
@@ -24,24 +25,18 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
     connector_weights, eos = weights.under("model.acoustic_connector."), weights.under("tts_eos_classifier.")
     hidden, latent = dims.lm.hidden, dims.head.latent
 
-    def lm_bytes(w: Weights) -> int:
-        return w.nbytes() - w.nbytes(["embed_tokens.weight"])
-
     def eos_classifier(g):
         x = g.input("hidden_states", F32, ["batch", hidden])
         logits = gemm(g, g.op("Relu", gemm(g, x, eos, "fc1", bias=True)), eos, "fc2", bias=True)
         g.output(logits, "logits", F32, ["batch", 1])
 
-    def acoustic_connector(g):
-        x = g.input("latents", F32, ["batch", "frames", latent])
-        g.output(connector(g, x, connector_weights), "embeddings", F32, ["batch", "frames", hidden])
-
     plan = [
-        ("lower_lm", lm_bytes(lower), lambda g: language_model(g, lower, dims.lm, final_norm=False)),
-        ("upper_lm", lm_bytes(upper), lambda g: language_model(g, upper, dims.tts_lm, final_norm=True)),
+        ("lower_lm", lm_weight_bytes(lower), lambda g: language_model(g, lower, dims.lm, final_norm=False)),
+        ("upper_lm", lm_weight_bytes(upper), lambda g: language_model(g, upper, dims.tts_lm, final_norm=True)),
         ("diffusion_head_conditioning", head.nbytes(), lambda g: head_conditioning(g, head, dims.head)),
         ("diffusion_head_step", head.nbytes(), lambda g: head_step(g, head, dims.head)),
-        ("acoustic_connector", connector_weights.nbytes(), acoustic_connector),
+        ("acoustic_connector", connector_weights.nbytes(),
+         lambda g: speech_connector(g, connector_weights, latent, hidden)),
         ("eos_classifier", eos.nbytes(), eos_classifier),
         ("acoustic_decoder_stream", decoder.nbytes(), lambda g: decoder_stream(g, decoder, dims.acoustic_decoder)),
     ]
@@ -50,13 +45,8 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
 
 def host_tensors(checkpoint) -> dict[str, np.ndarray]:
     """The text embedding (in its stored dtype), the type rows, the latent scale and bias (export/realtime.py's)."""
-    files = checkpoint.files
-    return {
-        "embed_tokens": files.read("model.language_model.embed_tokens.weight"),
-        "tts_input_types": np.asarray(files.read("model.tts_input_types.weight")).astype(F32),
-        "speech_scaling_factor": np.asarray(files.read("model.speech_scaling_factor")).astype(F32),
-        "speech_bias_factor": np.asarray(files.read("model.speech_bias_factor")).astype(F32),
-    }
+    return {**speech_host_tensors(checkpoint.files),
+            "tts_input_types": Weights(checkpoint.files)("model.tts_input_types.weight")}
 
 
 # Seconds and peak GB per billion parameters of a first use without torch on 2 cores (export.build.build_cost),

@@ -9,8 +9,8 @@ from typing import Callable
 import numpy as np
 
 from . import write_graph
-from .blocks import (F32, Weights, connector, decoder_stream, encoder, encoder_stream, head_conditioning, head_step,
-                     language_model)
+from .blocks import (Weights, decoder_stream, encoder, encoder_stream, head_conditioning, head_step, language_model,
+                     lm_weight_bytes, speech_connector, speech_host_tensors)
 
 ACOUSTIC, SEMANTIC = "model.acoustic_tokenizer.", "model.semantic_tokenizer."
 
@@ -22,21 +22,18 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
     lm, head = weights.under("model.language_model."), weights.under("model.prediction_head.")
     acoustic_encoder, decoder = weights.under(ACOUSTIC + "encoder."), weights.under(ACOUSTIC + "decoder.")
     semantic_encoder = weights.under(SEMANTIC + "encoder.")
-    connectors = {name: weights.under(f"model.{name}.") for name in ("acoustic_connector", "semantic_connector")}
-    widths = {"acoustic_connector": dims.acoustic_encoder.vae_dim, "semantic_connector": dims.semantic_encoder.vae_dim}
+    connectors = {name: (weights.under(f"model.{name}."), encoder_dims.vae_dim) for name, encoder_dims in
+                  (("acoustic_connector", dims.acoustic_encoder), ("semantic_connector", dims.semantic_encoder))}
 
-    def speech_connector(name: str):
-        def body(g):
-            x = g.input("latents", F32, ["batch", "frames", widths[name]])
-            g.output(connector(g, x, connectors[name]), "embeddings", F32, ["batch", "frames", dims.lm.hidden])
-        return body
+    def connector_graph(name: str):
+        w, width = connectors[name]
+        return lambda g: speech_connector(g, w, width, dims.lm.hidden)
 
     plan = [
-        ("lm", lm.nbytes() - lm.nbytes(["embed_tokens.weight"]),
-         lambda g: language_model(g, lm, dims.lm, final_norm=True)),
+        ("lm", lm_weight_bytes(lm), lambda g: language_model(g, lm, dims.lm, final_norm=True)),
         ("diffusion_head_conditioning", head.nbytes(), lambda g: head_conditioning(g, head, dims.head)),
         ("diffusion_head_step", head.nbytes(), lambda g: head_step(g, head, dims.head)),
-        *((name, connectors[name].nbytes(), speech_connector(name)) for name in connectors),
+        *((name, connectors[name][0].nbytes(), connector_graph(name)) for name in connectors),
         ("acoustic_encoder", acoustic_encoder.nbytes(), lambda g: encoder(g, acoustic_encoder, dims.acoustic_encoder)),
         ("acoustic_decoder_stream", decoder.nbytes(), lambda g: decoder_stream(g, decoder, dims.acoustic_decoder)),
         ("semantic_encoder_stream", semantic_encoder.nbytes(),
@@ -46,14 +43,8 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
 
 
 def host_tensors(checkpoint) -> dict[str, np.ndarray]:
-    """The token embedding (in its stored dtype; the tied head's four choice rows come from it) and the latent
-    scale and bias (export/tts15b.py's)."""
-    files = checkpoint.files
-    return {
-        "embed_tokens": files.read("model.language_model.embed_tokens.weight"),
-        "speech_scaling_factor": np.asarray(files.read("model.speech_scaling_factor")).astype(F32),
-        "speech_bias_factor": np.asarray(files.read("model.speech_bias_factor")).astype(F32),
-    }
+    """The token embedding (the tied head's four choice rows come from it) and the latent scale and bias."""
+    return speech_host_tensors(checkpoint.files)
 
 
 # Seconds and peak GB per billion parameters of a build without torch on 2 cores (export.build.build_cost),
