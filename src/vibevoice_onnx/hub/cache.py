@@ -128,7 +128,7 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
     target = source.bundle(checkpoint.kind, device, precision)
     if settled(target):
         return target
-    require_builder(checkpoint.kind)
+    require_builder(checkpoint.kind, precision)
     with source_lock(source):
         if not settled(target):
             if not complete(target):
@@ -210,13 +210,20 @@ def failed_gates(record: dict) -> str:
     return ", ".join(g["name"] for g in record.get("gates", []) if not g["passed"])
 
 
-def require_builder(kind: str) -> None:
-    """Building needs the export extra (torch, transformers, onnxscript) unless the kind's graphs are written
-    without it: said in one sentence where it is missing."""
+def require_builder(kind: str, precision: str | None = None) -> None:
+    """A first use builds and verifies: that needs the export extra (torch, transformers, onnxscript) unless the
+    kind's graphs are written without it and `precision` (None: the default) can be verified without it. Said in
+    one sentence where it cannot, before anything is downloaded or built."""
     import importlib.util
 
     if family(kind).writer is not None and not torch_installed():
-        return
+        from ..verify.judge import has_teacher_gates
+
+        if precision in (None, "fp32") or has_teacher_gates(kind):
+            return
+        raise VibeVoiceError(
+            f"a first use verifies the bundle it builds, and {kind} {precision} bundles are verified against PyTorch "
+            "only so far: pip install 'vibevoice-onnx[export]', or --precision fp32 (written and run without it)")
     missing = [name for name in ("torch", "transformers", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise VibeVoiceError(

@@ -20,7 +20,7 @@ from ..checkpoints.files import INDEX_FILE, SINGLE_FILE, read_json
 from ..errors import BundleError, CheckpointError, VibeVoiceError
 from ..runtime.bundle import FORMAT_VERSION, MANIFEST, Bundle, recordable
 from .cache import (Source, build_and_verify, build_default, complete, remember_commit, remembered_commit,
-                    settled_default)
+                    require_builder, settled_default)
 from .home import home, offline
 from .repos import HubRef, Snapshot, parse_ref
 
@@ -80,6 +80,7 @@ def _from_hub(ref: HubRef, precision: str | None, device: str | None, tokenizer,
         found = found if complete(found) and Bundle(found).info.verified else None
     if found is not None:
         return found  # built and verified before: no download, no build
+    require_builder(kind, precision)  # what cannot be built here is said before the download
     checkpoint = Checkpoint.open(fetch_checkpoint(snapshot, log))
     tokenizer_path = _tokenizer_for(checkpoint, tokenizer, source.record)
     return _build(checkpoint, source, precision, device, tokenizer_path, log)
