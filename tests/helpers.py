@@ -242,3 +242,27 @@ def chromium(folder: Path, script_timeout: float, *flags: str):
     from vibevoice_onnx.web.check import headless_chromium
 
     return headless_chromium(folder, script_timeout, *flags)
+
+
+def open_sessions(monkeypatch) -> list[set]:
+    """From now on, each time a bundle opens a graph's session: the (precision, graph) of every onnxruntime session
+    alive at that moment (a session closed, or no longer referenced, is gone)."""
+    import weakref
+
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    live, moments = set(), []
+    original = Bundle.session
+
+    def session(self, name):
+        made = name not in self._sessions
+        opened = original(self, name)
+        if made:
+            key = (self.info.precision, name, id(opened.session))
+            live.add(key)
+            weakref.finalize(opened.session, live.discard, key)
+            moments.append({(precision, graph) for precision, graph, _ in live})
+        return opened
+
+    monkeypatch.setattr(Bundle, "session", session)
+    return moments

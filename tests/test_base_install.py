@@ -56,6 +56,6 @@ def test_the_base_install_speaks_a_realtime_hub_id_and_transcribes_an_asr_one(ba
                             "--max-new-tokens", "6", "--format", "json"], env=env, capture_output=True, text=True,
                            timeout=600)
     assert heard.returncode == 0, heard.stderr[-3000:]
-    assert "asr bundles are verified against PyTorch only so far, so without it the default is fp32" in heard.stderr
-    assert "first use: writing the graphs of a asr fp32 bundle" in heard.stderr and "Traceback" not in heard.stderr
+    assert "first use: writing the graphs of an asr int8 bundle" in heard.stderr and "Traceback" not in heard.stderr
+    assert heard.stderr.count("built and verified against its fp32 graphs") == 1 and "every gate passes" in heard.stderr
     assert "6 tokens" in heard.stderr and isinstance(json.loads(heard.stdout), dict)

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_voice_sample
-from hub_standin import ASR_ID, REALTIME_ID, audio, cli, environment, write_offline_cache
+from hub_standin import REALTIME_ID, audio, cli, environment, write_offline_cache
 
 TEXT = "Hello from the Hub."
 
@@ -88,22 +87,6 @@ def test_without_torch_a_hub_id_speaks_from_graphs_written_on_first_use(hub, by_
     fp32, int8 = (json.loads(next(bundles.glob(f"*/realtime/cpu_{p}/manifest.json")).read_text()) for p in ("fp32", "int8"))
     assert fp32["tools"]["graphs"] == "vibevoice-onnx writer" and fp32["parity"] is None
     assert int8["parity"]["passed"] and int8["parity"]["teacher"]["graphs"] == "vibevoice-onnx writer"
-
-
-def test_without_torch_a_precision_it_cannot_verify_is_refused_before_the_download(hub, tmp_path):
-    """ASR's graphs are written without torch but its int8 gates need PyTorch: `--precision int8` in the base
-    install is one sentence, before any weight is fetched and with nothing built; fp32 is the way it offers."""
-    from helpers import torch_blocked_environment
-
-    env = {**environment(tmp_path, hub.endpoint), "PYTHONPATH": torch_blocked_environment(tmp_path)["PYTHONPATH"]}
-    hub.requests.clear()
-    done = cli("transcribe", "--model", ASR_ID, "--precision", "int8", write_voice_sample(tmp_path / "clip.wav"),
-               env=env, ok=False)
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert ("a first use verifies the bundle it builds, and asr int8 bundles are verified against PyTorch only so "
-            "far: pip install 'vibevoice-onnx[export]', or --precision fp32") in done.stderr
-    assert not any(path.endswith(".safetensors") for path in hub.downloads())
-    assert not list((tmp_path / "home").glob("bundles/*/asr/*"))
 
 
 def test_only_the_files_a_build_needs_are_downloaded_and_a_dropped_download_completes(first_use):

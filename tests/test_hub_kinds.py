@@ -24,7 +24,7 @@ def test_asr_by_id(hub, tmp_path):
     clip = write_voice_sample(tmp_path / "clip.wav", seconds=1.5, rate=24000, channels=1)
     heard = cli("transcribe", "--model", ASR_ID, "--precision", "fp32", clip, "--mean-latents", "--max-new-tokens", "6", "--format", "json",
                 env=environment(tmp_path, hub.endpoint))
-    assert "building and verifying a asr fp32 bundle" in heard.stderr and "every gate passes" in heard.stderr
+    assert "building and verifying an asr fp32 bundle" in heard.stderr and "every gate passes" in heard.stderr
     assert "6 tokens" in heard.stderr and isinstance(json.loads(heard.stdout), dict)
     fetched = fetched_names(hub)
     assert {f"model-{i:05d}-of-00008.safetensors" for i in range(1, 9)} | {"model.safetensors.index.json"} <= fetched

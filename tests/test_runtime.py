@@ -274,7 +274,7 @@ def test_the_cache_gate_catches_a_cache_that_is_not_written_in_place(tiny_bundle
 
     from vibevoice_onnx.runtime.bundle import Bundle
     from vibevoice_onnx.runtime.lm import OnnxLm
-    from vibevoice_onnx.verify.common import Probe, cache_gate
+    from vibevoice_onnx.verify.judge import Probe, cache_gate
 
     lm = OnnxLm(Bundle(tiny_bundle), "upper_lm")
     probe = Probe(lambda ids: realtime_reference.embed_text(torch.from_numpy(ids)).detach().numpy(), 512)

@@ -484,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p)
     p.add_argument("--checkpoint", metavar="DIR", help="the source checkpoint (default: the one recorded at build)")
     p.add_argument("--teacher", metavar="FP32_BUNDLE", help="judge the bundle against this fp32 bundle of the same "
-                   "checkpoint instead of PyTorch (realtime; default without torch: the cpu_fp32 bundle beside it)")
+                   "checkpoint instead of PyTorch (default without torch: the cpu_fp32 bundle beside it)")
     p.add_argument("--voice", metavar="NAME", help="run the closed loop from this bundle voice "
                    "(default: a prompt the reference computes from the checkpoint)")
     p.add_argument("--json", action="store_true", help="print the parity record as JSON")

@@ -62,6 +62,42 @@ class GuidedLm(Protocol):
     def restart_negative(self) -> None: ...
 
 
+class SeparateStreams:
+    """Both CFG streams as upstream runs them: separate batch-1 forwards, the negative one restarted with a
+    fresh cache (upstream masks its old entries, which attends to the same nothing). A model gives `new_cache`
+    and `forward` (PyTorch's LM in the reference; a bundle's LM graph where verify holds the runtime's batched
+    streams to this logic)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self.restart_negative()
+
+    def new_cache(self):
+        raise NotImplementedError
+
+    def forward(self, embeds: np.ndarray, cache, start: int):
+        """The last position's hidden state [1, H], and the cache with `embeds` in it."""
+        raise NotImplementedError
+
+    def prefill(self, embeds):
+        self.length = embeds.shape[1]
+        hidden, self.cache = self.forward(embeds, self.new_cache(), 0)
+        return hidden
+
+    def positive(self, embed):
+        self.length += 1
+        hidden, self.cache = self.forward(embed, self.cache, self.length - 1)
+        return hidden
+
+    def negative(self, embed):
+        self.negative_length += 1
+        hidden, self.negative_cache = self.forward(embed, self.negative_cache, self.negative_length - 1)
+        return hidden
+
+    def restart_negative(self):
+        self.negative_cache, self.negative_length = self.new_cache(), 0
+
+
 class Tts15bBackend(Protocol):
     """What the loop needs from an implementation. Arrays are float32 numpy; states are opaque."""
 

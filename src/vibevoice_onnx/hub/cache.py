@@ -128,7 +128,7 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
     target = source.bundle(checkpoint.kind, device, precision)
     if settled(target):
         return target
-    require_builder(checkpoint.kind, precision)
+    require_builder(checkpoint.kind)
     with source_lock(source):
         if not settled(target):
             if not complete(target):
@@ -169,11 +169,7 @@ def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer
     settled_before = settled_default(source, checkpoint.kind, device)
     if settled_before is not None:
         return settled_before
-    order = default_order(checkpoint.kind, device)
-    *faster, fallback = order
-    if order != DEFAULT_ORDER[device]:
-        log(f"{checkpoint.kind} bundles are verified against PyTorch only so far, so without it the default is "
-            f"{fallback} (pip install 'vibevoice-onnx[export]' for {DEFAULT_ORDER[device][0]})")
+    *faster, fallback = DEFAULT_ORDER[device]
     for precision in faster:
         target = build_and_verify(checkpoint, source, precision, device, tokenizer, log)
         parity = Bundle(target).info.parity or {}
@@ -186,7 +182,7 @@ def build_default(checkpoint: Checkpoint, source: Source, device: str, tokenizer
 
 def settled_default(source: Source, kind: str, device: str) -> Path | None:
     """The bundle build_default settled on before, if it did: no download, no build."""
-    order = default_order(kind, device)
+    order = DEFAULT_ORDER[device]
     for precision in order:
         target = source.bundle(kind, device, precision)
         if not settled(target):
@@ -197,33 +193,18 @@ def settled_default(source: Source, kind: str, device: str) -> Path | None:
     return None
 
 
-def default_order(kind: str, device: str) -> tuple[str, ...]:
-    """DEFAULT_ORDER for this install: without torch, only what can be verified without it (a kind whose gates
-    have no teacher falls back at once)."""
-    from ..verify.judge import has_teacher_gates
-
-    order = DEFAULT_ORDER[device]
-    return order if torch_installed() or has_teacher_gates(kind) else order[-1:]
-
-
 def failed_gates(record: dict) -> str:
     return ", ".join(g["name"] for g in record.get("gates", []) if not g["passed"])
 
 
-def require_builder(kind: str, precision: str | None = None) -> None:
+def require_builder(kind: str) -> None:
     """A first use builds and verifies: that needs the export extra (torch, transformers, onnxscript) unless the
-    kind's graphs are written without it and `precision` (None: the default) can be verified without it. Said in
-    one sentence where it cannot, before anything is downloaded or built."""
+    kind's graphs are written without it (and then verified against its fp32 graphs). Said in one sentence where
+    it cannot, before anything is downloaded or built."""
     import importlib.util
 
     if family(kind).writer is not None and not torch_installed():
-        from ..verify.judge import has_teacher_gates
-
-        if precision in (None, "fp32") or has_teacher_gates(kind):
-            return
-        raise VibeVoiceError(
-            f"a first use verifies the bundle it builds, and {kind} {precision} bundles are verified against PyTorch "
-            "only so far: pip install 'vibevoice-onnx[export]', or --precision fp32 (written and run without it)")
+        return
     missing = [name for name in ("torch", "transformers", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise VibeVoiceError(
@@ -287,7 +268,8 @@ def estimate(checkpoint: Checkpoint, precision: str) -> str:
     minutes, peak_gb = build_cost(kind, precision, parameters, WRITTEN if written else TRACED)
     duration = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
     doing = "writing the graphs of" if written else "building and verifying"
-    return (f"first use: {doing} a {kind} {precision} bundle from {checkpoint.root} "
+    article = "an" if kind[0] in "aeiou" else "a"
+    return (f"first use: {doing} {article} {kind} {precision} bundle from {checkpoint.root} "
             f"({parameters / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
             f"{duration} and up to {peak_gb:.1f} GB of memory (later uses start at once)")
 

@@ -80,7 +80,7 @@ def _from_hub(ref: HubRef, precision: str | None, device: str | None, tokenizer,
         found = found if complete(found) and Bundle(found).info.verified else None
     if found is not None:
         return found  # built and verified before: no download, no build
-    require_builder(kind, precision)  # what cannot be built here is said before the download
+    require_builder(kind)  # what cannot be built here is said before the download
     checkpoint = Checkpoint.open(fetch_checkpoint(snapshot, log))
     tokenizer_path = _tokenizer_for(checkpoint, tokenizer, source.record)
     return _build(checkpoint, source, precision, device, tokenizer_path, log)

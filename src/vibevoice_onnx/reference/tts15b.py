@@ -19,7 +19,7 @@ from ..checkpoints.checkpoint import Checkpoint
 from ..checkpoints.configs import LONG_FORM_KINDS, ModelDims
 from ..errors import CheckpointError
 from ..generation.common import Steering, whole_head_at
-from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
+from ..generation.tts15b import LongFormResult, SeparateStreams, TokenIds, long_form_frames, prompt_embeddings
 from ..sampling import NoiseSource
 from ..script import Prompt
 from .modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
@@ -96,14 +96,8 @@ def load_tts15b_layer_streamed(checkpoint: Checkpoint | Path) -> Tts15bReference
     return reference
 
 
-class TorchGuidedLm:
-    """Both CFG streams as upstream runs them: separate batch-1 forwards, the negative one restarted with a
-    fresh cache (upstream masks its old entries, which attends to the same nothing). `new_cache` and
-    `forward` are all that is torch here: verify runs the same logic on a bundle's LM graph."""
-
-    def __init__(self, lm):
-        self.lm = lm
-        self.restart_negative()
+class TorchGuidedLm(SeparateStreams):
+    """Both CFG streams as upstream runs them (generation.tts15b.SeparateStreams) on PyTorch's LM."""
 
     def new_cache(self):
         return DynamicCache()
@@ -113,24 +107,6 @@ class TorchGuidedLm:
         positions = torch.arange(start, start + embeds.shape[1])[None]
         out = self.lm(inputs_embeds=as_tensor(embeds), position_ids=positions, past_key_values=cache, use_cache=True)
         return out.last_hidden_state[:, -1].numpy(), cache
-
-    def prefill(self, embeds):
-        self.length = embeds.shape[1]
-        hidden, self.cache = self.forward(embeds, self.new_cache(), 0)
-        return hidden
-
-    def positive(self, embed):
-        self.length += 1
-        hidden, self.cache = self.forward(embed, self.cache, self.length - 1)
-        return hidden
-
-    def negative(self, embed):
-        self.negative_length += 1
-        hidden, self.negative_cache = self.forward(embed, self.negative_cache, self.negative_length - 1)
-        return hidden
-
-    def restart_negative(self):
-        self.negative_cache, self.negative_length = self.new_cache(), 0
 
 
 class TorchTts15bBackend:

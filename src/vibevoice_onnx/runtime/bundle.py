@@ -348,6 +348,14 @@ class Bundle:
         """Drop graph `name`'s session (and its weights) until it is needed again."""
         self._sessions.pop(name, None)
 
+    def close(self) -> None:
+        """Every session released now, however many objects still refer to them (a later call through one of
+        them fails instead of holding the weights in memory), and the host tensors' mappings dropped."""
+        for graph in self._sessions.values():
+            graph.session = None
+        self._sessions.clear()
+        self.__dict__.pop("host", None)
+
     def graph(self, name: str) -> dict:
         return self.info.graphs[name]
 

@@ -1,12 +1,11 @@
-"""The gates of an ASR-Streaming bundle against the fp32 PyTorch reference: the ASR graphs' gates (the same
-graphs; the 1.5B's head against the embedding it is tied to), both encoders over one whole window encoded
-cold as the loop encodes it, and the streaming loop on the real speech fixture (all of it, every window, the
-last zero-padded): the runtime's chunk by chunk tokens against the reference run along them in one pass
-(teacher forcing, as the ASR gate does), every pick clear of the precision's margin floor the same, with the
-smallest top-2 margin beside it."""
+"""The gates of an ASR-Streaming bundle against its fp32 reference (PyTorch's modules, or, without torch, the
+teacher: the fp32 graphs written from the same checkpoint): the ASR graphs' gates (the same graphs; the 1.5B's
+head against the embedding it is tied to), both encoders over one whole window encoded cold as the loop encodes
+it, and the streaming loop on the real speech fixture (all of it, every window, the last zero-padded): the
+runtime's chunk by chunk tokens against the reference run along them in one pass (teacher forcing, as the ASR
+gate does), every pick clear of the precision's margin floor the same, with the smallest top-2 margin beside it."""
 
 from __future__ import annotations
-
 
 import numpy as np
 
@@ -14,25 +13,31 @@ from ..checkpoints.checkpoint import Checkpoint
 from ..generation.asr_streaming import StreamingSession, WindowFeeder, forced_logits, pad_window, split_windows
 from ..runtime.asr import ENCODERS, OnnxAsrBackend
 from ..runtime.bundle import Bundle
-from .asr import forced_gates, graph_gates, load_reference, verification_audio
-from .common import BATCHED, Gate, Limits, Tolerance, bound_gate, compare
+from . import asr
+from .asr import forced_gates, verification_audio
+from .judge import BATCHED, Gate, Limits, Tolerance, bound_gate, compare
+from .teacher import Phased, Resident
 
 TOKENS_PER_CHUNK = 8  # per window: enough picks to judge, few enough for a 7B reference on a CPU
 
 
-def window_gates(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray, limit: Tolerance) -> list[Gate]:
+def window_gates(bundle: Bundle, reference: Resident | Phased, runtime: Resident | Phased, samples: np.ndarray,
+                 limit: Tolerance) -> list[Gate]:
     """Both encoders over the first window, cold, against the reference's; and StreamingTranscriber's path (each
     window encoded in segments as its audio arrives, two windows in flight over the lookahead) against each
     window encoded whole by the same graphs: a new path, so nothing may change."""
     geometry = bundle.streaming_geometry
     audio = next(split_windows(samples, geometry))[None, None]
-    gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [theirs], limit)
-             for name, ours, theirs in zip(ENCODERS, runtime.encode(audio), reference.encode(audio))]
-    fed = arriving(runtime, geometry, samples[:2 * geometry.chunk_samples + 12345])
-    for i, name in enumerate(ENCODERS):
-        ours = [means[i] for _, means in fed]
-        whole = [runtime.encode(pad_window(window, geometry)[None, None])[i] for window, _ in fed]
-        gates.append(compare(f"{name}: {len(fed)} windows encoded as they arrive == each whole", ours, whole, BATCHED))
+    with reference.whole() as model:
+        theirs = model.encode(audio)
+    with runtime.whole() as backend:
+        gates = [compare(f"{name} (one {geometry.window_frames}-frame window, cold)", [ours], [reference_out], limit)
+                 for name, ours, reference_out in zip(ENCODERS, backend.encode(audio), theirs)]
+        fed = arriving(backend, geometry, samples[:2 * geometry.chunk_samples + 12345])
+        for i, name in enumerate(ENCODERS):
+            ours = [means[i] for _, means in fed]
+            whole = [backend.encode(pad_window(window, geometry)[None, None])[i] for window, _ in fed]
+            gates.append(compare(f"{name}: {len(fed)} windows encoded as they arrive == each whole", ours, whole, BATCHED))
     return gates
 
 
@@ -45,14 +50,16 @@ def arriving(runtime: OnnxAsrBackend, geometry, samples: np.ndarray, pieces: int
     return fed + feeder.finish()
 
 
-def streaming_loop(bundle: Bundle, reference, runtime: OnnxAsrBackend, samples: np.ndarray,
+def streaming_loop(bundle: Bundle, reference: Resident | Phased, runtime: Resident | Phased, samples: np.ndarray,
                    limits: Limits) -> tuple[list[Gate], dict]:
     geometry, tokenizer = bundle.streaming_geometry, bundle.tokenizer
-    fed = arriving(runtime, geometry, samples)  # the runtime's own path: each chunk encoded as it completes
+    with runtime.whole() as backend:
+        fed = arriving(backend, geometry, samples)  # the runtime's own path: each chunk encoded as it completes
+        session = StreamingSession(backend, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
+        chunks = [session.chunk(window, means) for window, means in fed]
     windows = [window for window, _ in fed]
-    session = StreamingSession(runtime, tokenizer, geometry, None, None, TOKENS_PER_CHUNK, keep_logits=True)
-    chunks = [session.chunk(window, means) for window, means in fed]
-    theirs = forced_logits(reference, tokenizer, geometry, windows, chunks)
+    with reference.whole() as model:
+        theirs = forced_logits(model, tokenizer, geometry, windows, chunks)
     tokens = [t for c in chunks for t in c.tokens]
     setting = (f"{len(windows)} windows of {geometry.window_samples} samples, {len(tokens)} greedy tokens (at most "
                f"{TOKENS_PER_CHUNK} a chunk), encoder means")
@@ -73,12 +80,18 @@ def bound_loop(samples: np.ndarray):
 
 
 def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
-    reference = load_reference(checkpoint, log)
-    runtime = OnnxAsrBackend(bundle)
-    log("  per-graph gates")
+    return asr.run_gates(bundle, checkpoint, voice, log, limits, loop_gates)
+
+
+def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    return asr.run_teacher_gates(bundle, teacher, voice, log, limits, loop_gates)
+
+
+def loop_gates(bundle: Bundle, reference: Resident | Phased, runtime: Resident | Phased, voice: str | None, log,
+               limits: Limits) -> tuple[list[Gate], dict]:
+    """The windows' encoders and the streaming loop against the reference; the bound loop against the unbound."""
     samples, source = verification_audio(voice, None, normalize=bundle.streaming_geometry.normalize_audio)
-    gates = graph_gates(bundle, reference, runtime, limits) + window_gates(bundle, reference, runtime, samples,
-                                                                                 limits.graph)
+    gates = window_gates(bundle, reference, runtime, samples, limits.graph)
     log(f"  streaming loop: {bundle.streaming_geometry.windows(len(samples))} windows, runtime vs reference")
     loop, info = streaming_loop(bundle, reference, runtime, samples, limits)
     bound = bound_gate(bundle, bound_loop(samples), "the streaming loop: every chunk's logits")

@@ -16,11 +16,12 @@ from transformers.cache_utils import DynamicCache
 
 from ..reference.modules import ConvState, as_tensor, conv_state_specs
 from ..runtime.device import host
-from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm, StreamingConv, flat_cache
+from ..runtime.lm import KvCache, OnnxLm, StreamingConv, flat_cache
 from .judge import (  # noqa: F401 (re-exported: the kinds' gate modules import them from here)
-    BATCHED, BATCH_LATE_AFTER, F32, FP32, Gate, LIMITS, LOOP_REASONS, Limits, RANDOM_WEIGHTS_CAVEAT,
+    BATCHED, BATCH_LATE_AFTER, F32, FP32, Gate, LIMITS, LOOP_REASONS, Limits, Probe, RANDOM_WEIGHTS_CAVEAT,
     SAME_ARITHMETIC, SEED, SILENT_MAX_ABS, SILENT_RMS, Tolerance, batched_and_alone, bound_gate, compare, cosine,
-    exact_on_cpu, forced_gates, format_table, frames_gate, gain, gates_of, limits_for, relative_error, replay_gate,
+    exact_on_cpu, forced_gates, format_table, frames_gate, gain, gates_of, limits_for, lm_self_gates,
+    relative_error, streamed_decode_gate, replay_gate,
     resolve_checkpoint, rms, verify_bundle, worst_gain,
 )
 
@@ -30,23 +31,11 @@ def cache_layers(cache: DynamicCache) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(layer.keys.numpy().copy(), layer.values.numpy().copy()) for layer in cache.layers]
 
 
-class Probe:
-    """Realistic gate inputs: embeddings of random tokens from the model's own table, caches from prefills."""
-
-    def __init__(self, embed: Callable[[np.ndarray], np.ndarray], vocab: int, seed: int = 0):
-        self.embed, self.vocab = embed, vocab
-        self.rng = np.random.default_rng(seed)
-
-    def tokens(self, count: int) -> np.ndarray:
-        return self.embed(self.rng.integers(0, self.vocab, (1, count)))
-
-    def normal(self, *shape: int) -> np.ndarray:
-        return self.rng.standard_normal(shape).astype(F32)
-
-    def prefilled(self, lm, count: int) -> DynamicCache:
-        cache = DynamicCache()
-        lm_step(lm, self.tokens(count), np.arange(count)[None], cache)
-        return cache
+def prefilled(lm, probe: Probe, count: int) -> DynamicCache:
+    """A transformers cache of `lm` (a PyTorch Qwen2 stack) after `count` of the probe's random tokens."""
+    cache = DynamicCache()
+    lm_step(lm, probe.tokens(count), np.arange(count)[None], cache)
+    return cache
 
 
 def cfg_steps(ours, reference, probe: Probe) -> tuple[list, list]:
@@ -78,50 +67,14 @@ def lm_gates(name: str, lm, onnx_lm: OnnxLm, probe: Probe, limits: Limits,
     its fixed-capacity cache written in place == the same graph's growing cache."""
     gates = []
     for past, new in steps:
-        cache = probe.prefilled(lm, past)
+        cache = prefilled(lm, probe, past)
         ours = KvCache.of_streams(onnx_lm, [flat_cache(cache_layers(cache))])
         embeds, positions = probe.tokens(new), np.arange(past, past + new, dtype=np.int64)[None]
         reference = lm_step(lm, embeds, positions, cache)
         hidden = onnx_lm.run(embeds, ours)
         gates.append(compare(f"{name} (past {past}, new {new})", [hidden, *ours.filled()],
                              [reference, *flat_cache(cache_layers(cache))], limits.graph))
-    length, prefix = 8, 3
-    embeds = probe.tokens(length)
-    whole, stepped = KvCache(onnx_lm), KvCache(onnx_lm)
-    full = onnx_lm.run(embeds, whole)
-    pieces = [onnx_lm.run(embeds[:, :prefix], stepped)] + [onnx_lm.run(embeds[:, i : i + 1], stepped)
-                                                           for i in range(prefix, length)]
-    gates.append(compare(f"{name} KV: prefill {prefix} + {length - prefix} steps == prefill {length}",
-                         [np.concatenate(pieces, axis=1), *stepped.filled()], [full, *whole.filled()], limits.same_path))
-    gates.append(cache_gate(name, onnx_lm, probe))
-    return gates
-
-
-# Each step of cache_gate: (rows, tokens), or a row's cache taken back or emptied. What the loops do: a prompt
-# into the positive row, both CFG rows one token (the negative from nothing), a text window into one row, a
-# speculation taken back, a restart, steps past the capacity (it grows twice), a row alone.
-CACHE_SCRIPT = ((POSITIVE, 6), (ALL_ROWS, 1), (POSITIVE, 3), ("forget", 1), (ALL_ROWS, 1), ("restart", 1),
-                (ALL_ROWS, 1), (ALL_ROWS, 1), (ALL_ROWS, 1), (NEGATIVE, 1), (ALL_ROWS, 1))
-
-
-def cache_gate(name: str, onnx_lm: OnnxLm, probe: Probe) -> Gate:
-    """The runtime's cache (fixed capacity, written in place, starting small so it grows) against the same
-    graph returning a longer copy each call, as caches grew before: hidden states and both rows' caches."""
-    caches = [KvCache(onnx_lm, 2, capacity=4), KvCache(onnx_lm, 2, in_place=False)]
-    probe = Probe(probe.embed, probe.vocab, seed=1)  # its own draws: the other gates' inputs stay as they were
-    outputs: list[list[np.ndarray]] = [[], []]
-    for rows, count in CACHE_SCRIPT:
-        if rows in ("forget", "restart"):
-            for cache in caches:
-                getattr(cache, rows)(count)
-            continue
-        embeds = np.concatenate([probe.tokens(count) for _ in range(2)])[rows]
-        for cache, out in zip(caches, outputs):
-            out.append(onnx_lm.run(embeds, cache, rows))
-    for cache, out in zip(caches, outputs):
-        out += cache.filled(0) + cache.filled(1)
-    return exact_on_cpu(compare(f"{name}: fixed-capacity cache (in place) == growing cache ({len(CACHE_SCRIPT)} steps)",
-                                outputs[0], outputs[1], SAME_ARITHMETIC), onnx_lm.placement.device)
+    return gates + lm_self_gates(name, onnx_lm, probe, limits)
 
 
 def head_gate(head, velocity: Callable, conditions: np.ndarray, probe: Probe, tolerance: Tolerance) -> Gate:
@@ -150,11 +103,4 @@ def decoder_gates(decoder, stream: StreamingConv, latents: np.ndarray, limits: L
     outputs += [host(value) for value in ours_state]
     references += [state.tensors[s["name"]].numpy() for s in stream.states]
     gates.append(compare("acoustic_decoder_stream (3 frames, states)", outputs, references, limits.graph))
-    frames = latents.shape[1]
-    ours_state, pieces = stream.new_state(), []
-    for i in range(frames):
-        chunk, ours_state = stream.run(latents[:, i : i + 1], ours_state)
-        pieces.append(chunk)
-    gates.append(compare(f"decoder: {frames} streamed frames == whole decode", [np.concatenate(pieces, axis=2)],
-                         [stream.whole(latents)], limits.same_path))
-    return gates
+    return gates + [streamed_decode_gate(stream, latents, limits)]

@@ -27,6 +27,7 @@ from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .judge import BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, batched_and_alone, bound_gate, compare, forced_gates, replay_gate
+from .teacher import Resident, decode_each, released
 
 CLOSED_LOOP_TEXT = (
     "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
@@ -40,10 +41,10 @@ def batched_guidance(model, runtime: OnnxRealtimeBackend, probe, limits: Limits)
     """The runtime's batch-2 CFG streams (one cache, rows of their own lengths) against the same graph run as
     two separate streams, each with the growing cache of before: batching and the in-place cache must change
     nothing, at any precision (the graph's own error is the per-graph gates' matter)."""
-    from .common import cache_layers, cfg_steps
+    from .common import cache_layers, cfg_steps, prefilled
 
-    positive = cache_layers(probe.prefilled(model.tts_language_model, 9))
-    negative = cache_layers(probe.prefilled(model.tts_language_model, 2))
+    positive = cache_layers(prefilled(model.tts_language_model, probe, 9))
+    negative = cache_layers(prefilled(model.tts_language_model, probe, 2))
     ours = runtime.guided_streams(positive, negative)
     separate = GuidedStreams(*(runtime.stream("upper_lm", layers, in_place=False) for layers in (positive, negative)))
     return compare("upper_lm: batched CFG streams == separate streams", *cfg_steps(ours, separate, probe), limits.same_path)
@@ -121,19 +122,15 @@ def decode_recorded(backend: OnnxRealtimeBackend, results: list[GenerationResult
         result.chunks[:] = chunks
 
 
-class Always:
-    """A reference or runtime kept resident throughout (PyTorch's model, or a backend)."""
+class Always(Resident):
+    """A reference or runtime kept resident throughout, with a loop's phase too (the same object)."""
 
     def __init__(self, backend):
-        self.backend = backend
+        super().__init__(backend)
         self.latent = (backend.bundle if hasattr(backend, "bundle") else backend).dims.head.latent
 
     @contextlib.contextmanager
     def loop(self, results: list):
-        yield self.backend
-
-    @contextlib.contextmanager
-    def whole(self):
         yield self.backend
 
 
@@ -170,20 +167,6 @@ def held(backend: OnnxRealtimeBackend):
         backend.sessions, backend.lms, backend.head, backend.decoder = {}, {}, None, None
         backend.bundle._sessions.clear()
         released()
-
-
-def released() -> None:
-    """Sessions no longer referenced are freed now, not at the collector's leisure, and the memory their weights
-    held goes back to the system: glibc keeps freed heap for reuse unless trimmed, and a student released that
-    way still held 0.8 GB of the next phase's budget (full-size int8 realtime)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator keeps its own counsel
-        pass
 
 
 def resident(reference) -> Always | OneAtATime:
@@ -462,15 +445,6 @@ def teacher_graph_gates(teacher: OneAtATime, runtime: OneAtATime, prompt: VoiceP
         reference, ours = both(graphs, call)
         gates.append(compare(f"{name}: against the teacher's graph", ours, reference, limits.graph))
     return gates
-
-
-def decode_each(backend: OnnxRealtimeBackend, latents: np.ndarray) -> list[np.ndarray]:
-    """Latents [1, F, C] decoded one frame a call from zero states: the audio, then the last states."""
-    state, audio = backend.new_decoder_state(), []
-    for i in range(latents.shape[1]):
-        samples, state = backend.decode_frames(latents[:, i:i + 1], state)
-        audio.append(samples)
-    return [np.concatenate(audio), *[np.asarray(s) for s in state]]
 
 
 def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:

@@ -16,7 +16,8 @@ from ..runtime.bundle import Bundle
 from ..runtime.realtime import FixedRealtimeBackend, OnnxRealtimeBackend
 from ..sampling import NoiseSource
 from .calibration import EOS, calibrated_gates
-from .common import SEED, Gate, Limits, Probe, Tolerance, cache_layers, cfg_steps, compare, head_gate, lm_step, module_gate
+from .common import (SEED, Gate, Limits, Probe, Tolerance, cache_layers, cfg_steps, compare, head_gate, lm_step, module_gate,
+                     prefilled)
 
 CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").defaults.steps  # as the default profile's
 
@@ -24,7 +25,7 @@ CFG_SCALE, STEPS = family("realtime").defaults.cfg_scale, family("realtime").def
 def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: Tolerance) -> Gate:
     """lower_lm_text: a whole and a padded window (5 then 3 tokens) after a 7-token prefix, against the
     reference LM: the second window also checks what the first wrote into the cache."""
-    prefix = probe.prefilled(model.language_model, 7)
+    prefix = prefilled(model.language_model, probe, 7)
     ours = runtime.text_stream(cache_layers(prefix))
     outputs, references, position = [], [], 7
     for count in (5, 3):
@@ -38,8 +39,8 @@ def lm_text_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Pro
 def guided_gate(model: RealtimeModel, runtime: FixedRealtimeBackend, probe: Probe, limit: Tolerance) -> Gate:
     """upper_lm_text and upper_lm_step: the CFG streams (rows of different lengths in one cache) against the
     reference's two separate streams: speech, a 3-token text window (positive only), speech twice."""
-    positive = probe.prefilled(model.tts_language_model, 9)
-    negative = probe.prefilled(model.tts_language_model, 2)
+    positive = prefilled(model.tts_language_model, probe, 9)
+    negative = prefilled(model.tts_language_model, probe, 2)
     ours = runtime.guided_streams(cache_layers(positive), cache_layers(negative))
     reference = TorchRealtimeBackend(model).guided_streams(cache_layers(positive), cache_layers(negative))
     return compare("upper_lm_text + upper_lm_step: CFG streams", *cfg_steps(ours, reference, probe), limit)

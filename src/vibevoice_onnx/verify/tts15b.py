@@ -1,4 +1,5 @@
-"""The gates of a VibeVoice-1.5B or Large bundle against the fp32 PyTorch reference (transformers' own modules).
+"""The gates of a VibeVoice-1.5B or Large bundle against its fp32 reference: transformers' own modules, or,
+without torch, the fp32 graphs written from the same checkpoint (the teacher: run_teacher_gates).
 
 Per graph on realistic inputs; KV incremental == prefill; the semantic encoder fed chunk by chunk == one
 pass; streamed decode == whole decode; the speculative batched CFG streams == upstream's separate streams;
@@ -6,7 +7,8 @@ and two closed loops over a two-speaker script with mean voice latents and the s
 a forced token schedule of several speech segments (so every checkpoint, whatever its LM would pick, runs
 the segment logic: negative-stream restarts, conv states zeroed), gating latents, audio and the LM's own
 picks; one free-running, gating the token sequence itself. Each is judged teacher-forced against absolute
-limits and free-running against the loop's own spread (verify.calibration).
+limits and free-running against the loop's own spread (verify.calibration). The module imports torch only
+where PyTorch's side is asked for.
 """
 
 from __future__ import annotations
@@ -14,16 +16,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-from transformers.cache_utils import DynamicCache
 
 from ..audio import SAMPLE_RATE, db_normalize
 from ..checkpoints.checkpoint import Checkpoint
 from ..families import family
 from ..generation.common import Teacher
-from ..generation.tts15b import LongFormResult, TokenIds, long_form_frames, prompt_embeddings
-from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
-from ..reference.tts15b import TorchGuidedLm, Tts15bReference, generate
+from ..generation.tts15b import LongFormResult, SeparateStreams, TokenIds, long_form_frames, prompt_embeddings
 from ..runtime.bundle import Bundle
 from ..runtime.device import host
 from ..runtime.lm import KvCache
@@ -31,10 +29,11 @@ from ..runtime.tts15b import LongFormBatch, OnnxTts15bBackend
 from ..sampling import NoiseSource
 from ..script import build_prompt, parse_script
 from .calibration import StepError, calibrated_gates, perturbed_runs, picks
-from .common import (
-    BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, Probe, batched_and_alone, bound_gate, compare, decoder_gates,
-    Tolerance, forced_gates, head_gate, lm_gates, lm_step, module_gate,
+from .judge import (
+    BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, Probe, Tolerance, batched_and_alone, bound_gate, compare,
+    forced_gates, lm_self_gates, streamed_decode_gate,
 )
+from .teacher import Phased, Resident, against_teacher, decode_each
 
 CLOSED_LOOP_SCRIPT = (
     "Speaker 1: The quick brown fox jumps over the lazy dog.\n"
@@ -66,7 +65,7 @@ def forced_segments(ids: TokenIds):
     return lambda step, greedy: schedule[step] if step < len(schedule) else ids.eos
 
 
-class OnnxSeparateStreams(TorchGuidedLm):
+class OnnxSeparateStreams(SeparateStreams):
     """Upstream's separate CFG streams (the reference's logic) on the bundle's own LM graph: what the
     runtime's speculative batched streams must equal, at any precision."""
 
@@ -81,7 +80,7 @@ class OnnxSeparateStreams(TorchGuidedLm):
         return hidden[:, -1], present
 
 
-def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> Gate:
+def guided_streams_gate(runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> Gate:
     """The runtime's speculative batch-2 CFG streams against upstream's separate streams on the same graph,
     through the cases the loop meets: the negative right after the prompt, a pick that is not speech
     (speculation dropped) followed by speech, a restart of the negative stream, and speech steps. A new path against the old
@@ -104,12 +103,20 @@ def guided_streams_gate(bundle: Bundle, runtime: OnnxTts15bBackend, probe: Probe
     return compare("lm: speculative batched CFG streams == separate streams", outputs, references, limits.same_path)
 
 
-def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> list[Gate]:
+def voice_batch(probe: Probe, hop: int) -> np.ndarray:
+    """Two voices of 2.4 and 1.7 frames in one zero-padded batch [2, 1, N], as upstream pads a batch."""
+    audio = probe.normal(2, 1, int(2.4 * hop)) * 0.1
+    audio[1, :, int(1.7 * hop):] = 0.0
+    return audio
+
+
+def encoder_gates(reference, runtime: OnnxTts15bBackend, probe: Probe, limits: Limits) -> list[Gate]:
     """The acoustic encoder on a zero-padded batch of two lengths (upstream's padding), the streaming
     semantic encoder (chunks and states) against the reference, and streamed chunks == one pass."""
+    from ..reference.modules import ConvState, UpstreamPadding, as_tensor, conv_state_specs
+
     hop = reference.dims.semantic_encoder.hop
-    audio = probe.normal(2, 1, int(2.4 * hop)) * 0.1
-    audio[1, :, int(1.7 * hop):] = 0.0  # the shorter voice of a batch, padded as upstream pads it
+    audio = voice_batch(probe, hop)
     encoded = reference.acoustic_encoder(as_tensor(audio), padding_cache=UpstreamPadding()).latents.numpy()
     gates = [compare("acoustic_encoder (batch of 2, 2.4 frames)", [runtime.encode_voices(audio)], [encoded], limits.graph)]
     chunks = probe.normal(1, 1, 4 * hop) * 0.1
@@ -128,7 +135,14 @@ def encoder_gates(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe:
     return gates
 
 
-def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend, log, limits: Limits) -> list[Gate]:
+def graph_gates(bundle: Bundle, reference, runtime: OnnxTts15bBackend, log, limits: Limits) -> list[Gate]:
+    """Each graph against PyTorch's module (`reference`: reference.tts15b.Tts15bReference), and the runtime's own
+    paths."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from .common import decoder_gates, head_gate, lm_gates, lm_step, module_gate
+
     dims, parts = reference.dims, reference.parts
     probe = Probe(lambda ids: parts.language_model.embed_tokens(torch.from_numpy(ids)).numpy(), dims.lm.vocab)
     log("  per-graph gates")
@@ -143,7 +157,7 @@ def graph_gates(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bB
     gates += encoder_gates(reference, runtime, probe, limits)
     gates += decoder_gates(reference.acoustic_decoder, runtime.decoder,
                            runtime.unscale(probe.normal(1, 8, dims.acoustic_decoder.vae_dim)), limits)
-    gates.append(guided_streams_gate(bundle, runtime, probe, limits))
+    gates.append(guided_streams_gate(runtime, probe, limits))
     return gates
 
 
@@ -159,39 +173,55 @@ def picks_gate(name: str, ours: LongFormResult, theirs: LongFormResult, floor: f
     return Gate(name, None, diff, passed, detail)
 
 
-def closed_loops(bundle: Bundle, reference: Tts15bReference, runtime: OnnxTts15bBackend,
+def closed_loops(bundle: Bundle, reference: Resident | Phased, runtime: Resident | Phased,
                  voices: list[np.ndarray], limits: Limits) -> tuple[list[Gate], dict]:
     """Each loop (forced segments, free-running) runs in the reference, in the runtime teacher-forced (the
     reference's tokens and latents fed back: one step of its error, judged by `limits`) and in the runtime
     free (its own latents and, free-running, its own picks fed back), judged against the reference run again
-    with that one-step error (verify.calibration)."""
+    with that one-step error (verify.calibration). Three phases: the reference's runs, the runtime's, the
+    reference's perturbed runs (each side a backend: PyTorch's modules, or a bundle's graphs)."""
     script = parse_script(CLOSED_LOOP_SCRIPT)
     prompt = build_prompt(bundle.tokenizer, script, [-(-len(v) // 3200) for v in voices])
     ids = TokenIds.from_tokenizer(bundle.tokenizer)
-    noise = NoiseSource.from_seed(SEED, reference.dims.head.latent)
-    gates, curves, decisions = [], {}, picks(ids.pad)
-    embeds = prompt_embeddings(runtime, prompt, voices, None)
-    for label, choose, max_steps in (("closed loop, forced segments", forced_segments(ids), None),
-                                     ("closed loop, free-running", None, FREE_STEPS)):
-        def reference_run(steering=None, result=None, choose=choose, max_steps=max_steps) -> LongFormResult:
-            return generate(reference, prompt, voices, ids, noise, CFG_SCALE, STEPS, choose=choose, max_steps=max_steps,
-                            result=LongFormResult() if result is None else result, steering=steering)
+    noise = NoiseSource.from_seed(SEED, bundle.dims.head.latent)
+    loops = {"closed loop, forced segments": (forced_segments(ids), None),
+             "closed loop, free-running": (None, FREE_STEPS)}
 
-        theirs = reference_run(result=LongFormResult(conditions=[], features=[]))
-        ours, forced = LongFormResult(), LongFormResult(conditions=[], features=[])
-        for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, ours, choose, max_steps):
+    def run(backend, embeds, label: str, result: LongFormResult, steering=None) -> LongFormResult:
+        choose, max_steps = loops[label]
+        for _ in long_form_frames(backend, embeds, ids, noise, CFG_SCALE, STEPS, None, result, choose, max_steps,
+                                  steering=steering):
             pass
-        for _ in long_form_frames(runtime, embeds, ids, noise, CFG_SCALE, STEPS, None, forced,
-                                  steering=Teacher(theirs.latents, theirs.tokens)):
-            pass
-        detail = (f"{len(theirs.tokens)} steps, {theirs.frames} latents, two speakers, cfg {CFG_SCALE}, {STEPS} steps, "
-                  f"seed {SEED}, mean voice latents")
-        if theirs.frames:
-            forced_loop, curves[f"{label}, teacher-forced"] = forced_gates(label, forced, theirs, detail, limits)
+        return result
+
+    with reference.whole() as model:
+        embeds = prompt_embeddings(model, prompt, voices, None)
+        theirs = {label: run(model, embeds, label, LongFormResult(conditions=[], features=[])) for label in loops}
+    ours, forced = {}, {}
+    with runtime.whole() as backend:
+        embeds = prompt_embeddings(backend, prompt, voices, None)
+        for label in loops:
+            ours[label] = run(backend, embeds, label, LongFormResult())
+            forced[label] = run(backend, embeds, label, LongFormResult(conditions=[], features=[]),
+                                Teacher(theirs[label].latents, theirs[label].tokens))
+    decisions = picks(ids.pad)
+    errors = {label: StepError.measure(forced[label], theirs[label], decisions) for label in loops}
+    with reference.whole() as model:
+        embeds = prompt_embeddings(model, prompt, voices, None)
+        perturbed = {label: perturbed_runs(lambda steering, label=label: run(model, embeds, label, LongFormResult(),
+                                                                             steering), errors[label])
+                     for label in loops}
+    gates, curves = [], {}
+    for label in loops:
+        detail = (f"{len(theirs[label].tokens)} steps, {theirs[label].frames} latents, two speakers, cfg {CFG_SCALE}, "
+                  f"{STEPS} steps, seed {SEED}, mean voice latents")
+        if theirs[label].frames:
+            forced_loop, curves[f"{label}, teacher-forced"] = forced_gates(label, forced[label], theirs[label], detail,
+                                                                           limits)
             gates += forced_loop
-        gates.append(picks_gate(f"{label}, teacher-forced: the LM's picks agree", forced, theirs, limits.decision_floor))
-        error = StepError.measure(forced, theirs, decisions)
-        loop, curves[label] = calibrated_gates(label, ours, theirs, perturbed_runs(reference_run, error), error,
+        gates.append(picks_gate(f"{label}, teacher-forced: the LM's picks agree", forced[label], theirs[label],
+                                limits.decision_floor))
+        loop, curves[label] = calibrated_gates(label, ours[label], theirs[label], perturbed[label], errors[label],
                                                decisions, detail)
         gates += loop
     info = {"script": CLOSED_LOOP_SCRIPT, "prompt_tokens": len(prompt.ids), "segments": SEGMENTS,
@@ -240,6 +270,52 @@ def batched_streams(bundle: Bundle, runtime: OnnxTts15bBackend, voices: list[np.
     return gate
 
 
+def teacher_graph_gates(bundle: Bundle, teacher: Phased, student: Phased, limits: Limits) -> list[Gate]:
+    """Each graph of the bundle against the teacher's on the same inputs, the teacher's phase first (its LM's
+    hidden states are the head's conditions), then the runtime's own paths: the LM on a 9-token prefill and 3
+    steps (hidden states and cache), the four choice logits, the head, both connectors, the acoustic encoder on a
+    padded batch of two voices, the semantic encoder streaming 4 chunks and the decoder 3 frames (with states)."""
+    choices = TokenIds.from_tokenizer(bundle.tokenizer).choices
+
+    def probe_of(backend: OnnxTts15bBackend) -> Probe:
+        return Probe(lambda ids: backend.embed_table[ids].astype(np.float32), backend.bundle.dims.lm.vocab)
+
+    def inputs(backend: OnnxTts15bBackend) -> dict:
+        dims, probe = backend.bundle.dims, probe_of(backend)
+        tokens = probe.tokens(12)
+        conditions = backend.lm.run(tokens[:, :4], KvCache(backend.lm))[0]
+        hop = dims.semantic_encoder.hop
+        return {"tokens": tokens, "conditions": conditions, "hidden": probe.normal(4, dims.lm.hidden),
+                "noisy": probe.normal(len(conditions), dims.head.latent),
+                "acoustic": probe.normal(1, 4, dims.acoustic_encoder.vae_dim),
+                "semantic": probe.normal(1, 4, dims.semantic_encoder.vae_dim), "voices": voice_batch(probe, hop),
+                "chunks": probe.normal(4, 1, 1, hop) * 0.1, "latents": probe.normal(1, 3, dims.acoustic_decoder.vae_dim)}
+
+    def calls(backend: OnnxTts15bBackend, x: dict) -> dict[str, list]:
+        cache, tokens = KvCache(backend.lm), x["tokens"]
+        lm = [backend.lm.run(tokens[:, :9], cache)] + [backend.lm.run(tokens[:, i:i + 1], cache) for i in range(9, 12)]
+        timesteps = np.linspace(999, 100, len(x["conditions"])).round().astype(np.float32)
+        state, semantic = backend.new_semantic_state(), []
+        for chunk in x["chunks"]:
+            features, state = backend.semantic.run(chunk, state)
+            semantic.append(features)
+        return {"lm (9-token prefill, 3 steps)": lm + cache.filled(0),
+                "choice logits": [backend.choice_logits(h[None], choices) for h in x["hidden"]],
+                "diffusion_head": [backend.velocity(x["noisy"], timesteps, x["conditions"])],
+                "acoustic_connector": [backend.connect_acoustic(x["acoustic"])],
+                "semantic_connector": [backend.connect_semantic(x["semantic"])],
+                "acoustic_encoder (batch of 2, 2.4 frames)": [backend.encode_voices(x["voices"])],
+                "semantic_encoder_stream (4 chunks, states)": semantic + [host(v) for v in state],
+                "acoustic_decoder_stream (3 frames, states)": decode_each(backend, backend.unscale(x["latents"]))}
+
+    gates = against_teacher(teacher, student, inputs, calls, limits.graph)
+    with student.whole() as backend:
+        probe = probe_of(backend)
+        latents = backend.unscale(probe.normal(1, 8, backend.bundle.dims.acoustic_decoder.vae_dim))
+        return gates + [*lm_self_gates("lm", backend.lm, probe, limits), streamed_decode_gate(backend.decoder, latents, limits),
+                        guided_streams_gate(backend, probe, limits)]
+
+
 def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndarray], str]:
     """Two voice samples: synthetic signals, or bundle voices named "A" or "A,B" (the second defaults to
     the second synthetic signal)."""
@@ -251,7 +327,7 @@ def verification_voices(bundle: Bundle, voice: str | None) -> tuple[list[np.ndar
     return chosen + synthetic[len(chosen):], voice
 
 
-def load_reference(bundle: Bundle, checkpoint: Checkpoint, log) -> Tts15bReference:
+def load_reference(bundle: Bundle, checkpoint: Checkpoint, log):
     """bf16-stored and fp32-computed where that fits beside the bundle's sessions (1.5B); else (Large on a
     small machine) with its LM layers streamed from the shards: the same fp32 numbers, slower."""
     from ..reference.loading import fp32_model_fits
@@ -264,7 +340,7 @@ def load_reference(bundle: Bundle, checkpoint: Checkpoint, log) -> Tts15bReferen
     return load_tts15b_layer_streamed(checkpoint)
 
 
-def choice_head_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, probe: Probe, ids: TokenIds,
+def choice_head_gate(reference, runtime: OnnxTts15bBackend, probe: Probe, ids: TokenIds,
                      tolerance: Tolerance) -> Gate:
     """The four logits each step decides on: from the untied head's rows (Large) or the embedding's (1.5B)."""
     hidden = probe.normal(4, reference.dims.lm.hidden)
@@ -275,14 +351,35 @@ def choice_head_gate(reference: Tts15bReference, runtime: OnnxTts15bBackend, pro
 
 
 def run_gates(bundle: Bundle, checkpoint: Checkpoint, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    from ..reference.tts15b import TorchTts15bBackend
+
     reference = load_reference(bundle, checkpoint, log)
     runtime = OnnxTts15bBackend(bundle)
     gates = graph_gates(bundle, reference, runtime, log, limits)
+    loops, info = loop_gates(bundle, Resident(TorchTts15bBackend(reference)), Resident(runtime), voice, log, limits)
+    return gates + loops, info
+
+
+def run_teacher_gates(bundle: Bundle, teacher: Bundle, voice: str | None, log, limits: Limits) -> tuple[list[Gate], dict]:
+    """The gates without torch: the bundle against `teacher`, the fp32 graphs written from the same checkpoint,
+    as run_gates judges it against PyTorch; teacher and bundle held one phase at a time, never both."""
+    reference, runtime = Phased(teacher.path, OnnxTts15bBackend), Phased(bundle.path, OnnxTts15bBackend)
+    log("  per-graph gates against the teacher's graphs")
+    gates = teacher_graph_gates(bundle, reference, runtime, limits)
+    loops, info = loop_gates(bundle, reference, runtime, voice, log, limits)
+    return gates + loops, info
+
+
+def loop_gates(bundle: Bundle, reference: Resident | Phased, runtime: Resident | Phased, voice: str | None, log,
+               limits: Limits) -> tuple[list[Gate], dict]:
+    """The closed loops against the reference; batched streams and the bound loop against the runtime's own."""
     log("  closed loops: the whole generation, runtime vs reference")
     voices, source = verification_voices(bundle, voice)
     loops, info = closed_loops(bundle, reference, runtime, voices, limits)
     log("  batched streams against each alone; the bound loop against the unbound one")
-    return (gates + loops + [batched_streams(bundle, runtime, voices), bound_gate(bundle, bound_loop(voices), BOUND_DETAIL)],
+    with runtime.whole() as backend:
+        batched = batched_streams(bundle, backend, voices)
+    return (loops + [batched, bound_gate(bundle, bound_loop(voices), BOUND_DETAIL)],
             {"closed_loop": {**info, "voices": source}})
 
 
