@@ -100,3 +100,30 @@ def test_teacher_and_student_are_never_both_open(bundles, kind, tmp_path, monkey
     student = shutil.copytree(bundle / "cpu_int8", tmp_path / "cpu_int8")
     assert verify_bundle(student, teacher=bundle / "cpu_fp32", log=lambda line: None)["passed"]
     assert moments and not [m for m in moments if len({precision for precision, _ in m}) > 1]
+
+
+def test_a_teacher_that_does_not_fit_in_memory_is_one_sentence_before_anything_runs(bundles, tmp_path, monkeypatch):
+    """Without torch the teacher's fp32 graphs are resident phase by phase: where the machine has less memory
+    available than they need (with room for what runs beside them), `verify` says so and records nothing, and a
+    first use says so before it builds anything; with enough, the same bundle is judged."""
+    import vibevoice_onnx.verify.teacher as teacher_module
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.hub import cache
+    from vibevoice_onnx.runtime.bundle import Bundle
+
+    checkpoint, bundle = bundles["asr"]
+    fp32 = Bundle(bundle / "cpu_fp32")
+    weights = sum(fp32.weight_bytes(name) for name in fp32.info.graphs)
+    student = shutil.copytree(bundle / "cpu_int8", tmp_path / "cpu_int8")
+    monkeypatch.setattr(teacher_module, "available_memory", lambda: int(weights * 1.1))
+    with pytest.raises(VibeVoiceError, match="without PyTorch holds its fp32 teacher in memory"):
+        verify_bundle(student, teacher=fp32.path, log=lambda line: None)
+    assert Bundle(student).info.parity is None
+    monkeypatch.setenv("VIBEVOICE_ONNX_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cache, "torch_installed", lambda: False)
+    source = cache.Source("local--test", {"path": str(checkpoint)})
+    with pytest.raises(VibeVoiceError, match="pip install 'vibevoice-onnx\\[export\\]'"):
+        cache.build_and_verify(checkpoint, source, "int8", "cpu", None, log=lambda line: None)
+    assert not (tmp_path / "home").exists()
+    monkeypatch.setattr(teacher_module, "available_memory", lambda: int(weights * 1.3))
+    assert verify_bundle(student, teacher=fp32.path, log=lambda line: None)["passed"]

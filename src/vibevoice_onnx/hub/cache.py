@@ -129,6 +129,10 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
     if settled(target):
         return target
     require_builder(checkpoint.kind)
+    if precision != "fp32" and not torch_installed():
+        from ..verify.teacher import require_room
+
+        require_room(4 * parameters(checkpoint), f"a {checkpoint.kind} {precision} bundle")
     with source_lock(source):
         if not settled(target):
             if not complete(target):
@@ -263,15 +267,19 @@ def estimate(checkpoint: Checkpoint, precision: str) -> str:
     from ..export.build import build_cost
 
     files, kind = checkpoint.files, checkpoint.kind
-    parameters = sum(_elements(t.shape) for t in files.tensors.values())
+    count = parameters(checkpoint)
     written = family(kind).writer is not None and not torch_installed()
-    minutes, peak_gb = build_cost(kind, precision, parameters, WRITTEN if written else TRACED)
+    minutes, peak_gb = build_cost(kind, precision, count, WRITTEN if written else TRACED)
     duration = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
     doing = "writing the graphs of" if written else "building and verifying"
     article = "an" if kind[0] in "aeiou" else "a"
     return (f"first use: {doing} {article} {kind} {precision} bundle from {checkpoint.root} "
-            f"({parameters / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
+            f"({count / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
             f"{duration} and up to {peak_gb:.1f} GB of memory (later uses start at once)")
+
+
+def parameters(checkpoint: Checkpoint) -> int:
+    return sum(_elements(t.shape) for t in checkpoint.files.tensors.values())
 
 
 def _elements(shape) -> int:

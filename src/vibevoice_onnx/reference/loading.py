@@ -23,6 +23,7 @@ from ..checkpoints.inspect import check_layout, listing as _listing
 from ..checkpoints.names import normalise_key, realtime_to_reference
 from ..errors import CheckpointError
 from ..families import family, load
+from ..runtime.device import available_memory
 
 Rename = Callable[[str], "str | None"]  # None: a stored tensor the reference deliberately does not load
 HEAD = "lm_head.weight"
@@ -138,17 +139,6 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
     if compact:
         compute_in_fp32(module)
     return deferred
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says a new allocation can get (MemAvailable: free pages plus reclaimable cache)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def fp32_model_fits(files: CheckpointFiles, bytes_per_parameter: int = 4, beside: int = 0) -> bool:

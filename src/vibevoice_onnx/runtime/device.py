@@ -17,6 +17,7 @@ per step.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,3 +211,14 @@ class StaticBinding:
         for name, (shape, dtype) in self.outputs.items():
             self.values[name] = OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), *where)
             self.binding.bind_ortvalue_output(name, self.values[name])
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can get (MemAvailable: free pages plus reclaimable cache)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -421,7 +421,11 @@ def verify_bundle(bundle_dir: Path, checkpoint: Checkpoint | Path | None = None,
             gates, info = module.run_gates(bundle, checkpoint, voice, log, limits)
         judged_by = {"checkpoint": str(checkpoint.root.resolve()), "reference": "fp32 PyTorch (transformers modules), CPU"}
     else:
+        from .teacher import require_room
+
         fp32 = teacher_bundle(bundle, Path(teacher))
+        require_room(sum(fp32.weight_bytes(name) for name in fp32.info.graphs),
+                     f"{bundle.path} ({bundle.kind} {bundle.info.precision})")
         module = gates_of(bundle.kind)
         gates, info = module.run_teacher_gates(bundle, fp32, voice, log, limits)
         judged_by = {"checkpoint": bundle.info.source_path, "reference": TEACHER_REFERENCE,
