@@ -1,4 +1,4 @@
-"""Gates without torch for the 1.5B, Large, ASR and ASR-Streaming kinds: an int8 bundle written from a tiny
+"""Gates without torch for the 1.5B, Large, ASR, ASR-Streaming and ASR-BitNet kinds: an int8 bundle written from a tiny
 checkpoint judged against the fp32 graphs written from the same checkpoint (its teacher) gives the verdict
 PyTorch gives, the teacher-forced loops' numbers within a hair of PyTorch's (new reference == old reference),
 a graph 5% loud is refused by its own gate, and teacher and student are never both open. (The realtime kind's
@@ -17,7 +17,7 @@ from helpers import torch_blocked_environment
 from vibevoice_onnx.export.build import build_bundle
 from vibevoice_onnx.verify.judge import TEACHER_REFERENCE, verify_bundle
 
-KINDS = ("1.5b", "large", "asr", "asr-streaming")
+KINDS = ("1.5b", "large", "asr", "asr-streaming", "asr-bitnet")
 # The gates of a kind's loops (not its per-graph ones, which are named after what they compare against): judged
 # against PyTorch and against the teacher, they must see the same numbers.
 LOOP_GATES = {
@@ -28,7 +28,7 @@ LOOP_GATES = {
     "asr": ("closed loop, teacher-forced: per-step logits",),
     "asr-streaming": ("streaming loop, teacher-forced: per-pick logits",),
 }
-LOOP_GATES["large"] = LOOP_GATES["1.5b"]
+LOOP_GATES["large"], LOOP_GATES["asr-bitnet"] = LOOP_GATES["1.5b"], LOOP_GATES["asr"]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_teacher_that_does_not_fit_in_memory_is_one_sentence_before_anything_r
     """Without torch the teacher's fp32 graphs are resident phase by phase: where the machine has less memory
     available than they need (with room for what runs beside them), `verify` says so and records nothing, and a
     first use says so before it builds anything; with enough, the same bundle is judged."""
-    import vibevoice_onnx.verify.teacher as teacher_module
+    import vibevoice_onnx.verify.judge as judge
     from vibevoice_onnx.errors import VibeVoiceError
     from vibevoice_onnx.hub import cache
     from vibevoice_onnx.runtime.bundle import Bundle
@@ -115,7 +115,7 @@ def test_a_teacher_that_does_not_fit_in_memory_is_one_sentence_before_anything_r
     fp32 = Bundle(bundle / "cpu_fp32")
     weights = sum(fp32.weight_bytes(name) for name in fp32.info.graphs)
     student = shutil.copytree(bundle / "cpu_int8", tmp_path / "cpu_int8")
-    monkeypatch.setattr(teacher_module, "available_memory", lambda: int(weights * 1.1))
+    monkeypatch.setattr(judge, "available_memory", lambda: int(weights * 1.1))
     with pytest.raises(VibeVoiceError, match="without PyTorch holds its fp32 teacher in memory"):
         verify_bundle(student, teacher=fp32.path, log=lambda line: None)
     assert Bundle(student).info.parity is None
@@ -125,5 +125,5 @@ def test_a_teacher_that_does_not_fit_in_memory_is_one_sentence_before_anything_r
     with pytest.raises(VibeVoiceError, match="pip install 'vibevoice-onnx\\[export\\]'"):
         cache.build_and_verify(checkpoint, source, "int8", "cpu", None, log=lambda line: None)
     assert not (tmp_path / "home").exists()
-    monkeypatch.setattr(teacher_module, "available_memory", lambda: int(weights * 1.3))
+    monkeypatch.setattr(judge, "available_memory", lambda: int(weights * 1.3))
     assert verify_bundle(student, teacher=fp32.path, log=lambda line: None)["passed"]

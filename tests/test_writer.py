@@ -260,14 +260,29 @@ def test_the_written_bundle_speaks_without_torch(written, tiny_preset, tmp_path)
     assert rate == 24000 and audio.size == 6 * 3200 and np.abs(audio).max() > 0
 
 
-def test_a_kind_the_writer_does_not_cover_yet_gets_one_sentence_without_torch(tmp_path):
+def test_the_bitnet_graphs_written_without_torch_hold_the_traced_ternary_codes_bit_for_bit(tmp_path):
+    """ASR-BitNet, written with torch blocked: its LM's BitLinear projections ternarized from the F32 latent weights
+    as they are read and packed as 2-bit MatMulNBits (pack_ternary's form, without ever holding the fp32 LM): every
+    quantized tensor the traced and packed bundle holds, bit for bit, at fp32 and int8, and every graph computing
+    what the traced one does."""
     from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
 
     make_checkpoint("asr-bitnet", tmp_path / "bitnet", size="tiny", seed=0)
-    done = run_blocked(tmp_path, "build", str(tmp_path / "bitnet"), "-o", str(tmp_path / "onnx"))
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "building asr-bitnet bundles needs PyTorch here (pip install 'vibevoice-onnx[export]')" in done.stderr
-    assert not (tmp_path / "onnx").exists()
+    for precision in ("fp32", "int8"):
+        done = run_blocked(tmp_path, "build", str(tmp_path / "bitnet"), "-o", str(tmp_path / "written"), "--precision",
+                           precision)
+        assert done.returncode == 0, done.stderr
+        build_bundle(tmp_path / "bitnet", tmp_path / "traced", precision, write=False)
+        written, traced = (tmp_path / side / "asr-bitnet" / f"cpu_{precision}" for side in ("written", "traced"))
+        ours, theirs = (manifest(b)["graphs"]["lm"]["precision"] for b in (written, traced))
+        counts = ("weight_bytes_before", "weight_bytes_after")  # the graphs' own small constants differ
+        assert {k: v for k, v in ours.items() if k not in counts} == {k: v for k, v in theirs.items() if k not in counts}
+        assert all(ours[k] == pytest.approx(theirs[k], rel=1e-3) for k in counts)
+        for name, entry in manifest(written)["graphs"].items():
+            ours, theirs = quantized_weights(written / entry["file"]), quantized_weights(traced / entry["file"])
+            assert len(ours) == len(theirs) and (name != "lm" or ours), name
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(ours, theirs)), name
+        assert_graphs_compute_alike(written, traced, ASR_BITWISE)
 
 
 def test_without_torch_verify_judges_the_15b_int8_bundle_against_the_fp32_one_beside_it(long_form, tmp_path):

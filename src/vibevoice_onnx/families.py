@@ -144,7 +144,7 @@ FAMILIES = (
         ASR, name="asr-bitnet", title="VibeVoice-ASR-BitNet (1.5B, ternary LM projections)",
         hub_config="checkpoints.configs:asr_bitnet_config", layout="checkpoints.layouts:asr_bitnet_layout",
         shards=3, dtype="float32", reference="reference.asr_bitnet:load_asr_bitnet",
-        exporter="export.asr_bitnet", writer=None, policy="export.precision:BITNET_POLICY", gates="verify.asr",  # ternary: traced only so far
+        exporter="export.asr_bitnet", writer="writer.asr_bitnet", policy="export.precision:BITNET_POLICY", gates="verify.asr",
         prompt="transcription:build_text_prompt", transcript="transcription:parse_prose", int8_activations=True,
     ),
     Family(

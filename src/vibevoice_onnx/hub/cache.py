@@ -130,7 +130,7 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
         return target
     require_builder(checkpoint.kind)
     if precision != "fp32" and not torch_installed():
-        from ..verify.teacher import require_room
+        from ..verify.judge import require_room
 
         require_room(4 * parameters(checkpoint), f"a {checkpoint.kind} {precision} bundle")
     with source_lock(source):

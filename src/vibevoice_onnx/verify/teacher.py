@@ -10,9 +10,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import VibeVoiceError
 from ..runtime.bundle import Bundle
-from ..runtime.device import available_memory, host
+from ..runtime.device import host
 from .judge import Gate, Tolerance, compare
 
 
@@ -41,21 +40,6 @@ class Phased:
         finally:
             bundle.close()
             released()
-
-
-ROOM = 1.2  # a phase holds its graphs' weights and their activations, onnxruntime's and Python's own memory
-
-
-def require_room(weight_bytes: int, judged: str) -> None:
-    """One sentence, before anything is built or run, where the teacher (fp32 graphs of `weight_bytes`, resident
-    for each of its phases) does not fit in the memory this machine has available now."""
-    available = available_memory()
-    if available is not None and weight_bytes * ROOM > available:
-        raise VibeVoiceError(
-            f"judging {judged} without PyTorch holds its fp32 teacher in memory, about {weight_bytes * ROOM / 1e9:.1f} GB "
-            f"with what runs beside it, and this machine has {available / 1e9:.1f} GB available: with the export "
-            "extra (pip install 'vibevoice-onnx[export]') it is judged against the PyTorch reference, whose LM "
-            "layers are read from the shards as they run")
 
 
 def released() -> None:

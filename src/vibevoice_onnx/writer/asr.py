@@ -32,9 +32,11 @@ def upstream_weights(checkpoint) -> Weights:
     return Weights(checkpoint.files, stored={u: s for u, s in stored.items() if s is not None})
 
 
-def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dict) -> dict[str, tuple[Path, dict]]:
+def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dict,
+           ternary: bool = False) -> dict[str, tuple[Path, dict]]:
     """Every graph of the bundle, written into `directory` with its weights quantized as `schemes` (graph ->
-    export.precision's Scheme; a graph not named stays fp32) says: {name: (path, manifest additions)}."""
+    export.precision's Scheme; a graph not named stays fp32) says: {name: (path, manifest additions)}. `ternary`:
+    the LM's projections are BitNet's (writer/asr_bitnet.py)."""
     dims, weights = checkpoint.dims, upstream_weights(checkpoint)
     lm = weights.under(LM)
     head_name = "model.language_model.embed_tokens" if dims.lm.tied_embeddings else "lm_head"
@@ -56,7 +58,7 @@ def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dic
         return lambda g: encoder_stream(g, w, d, any_length=True)
 
     plan = [
-        ("lm", lm_weight_bytes(lm), lambda g: language_model(g, lm, dims.lm, final_norm=True)),
+        ("lm", lm_weight_bytes(lm), lambda g: language_model(g, lm, dims.lm, final_norm=True, ternary=ternary)),
         ("lm_head", weights.nbytes([head_name + ".weight"]), lm_head),
         *((f"{modality}_encoder_stream", encoders[modality][0].nbytes(), encoder_graph(modality)) for modality in encoders),
         ("audio_connector", sum(c.nbytes() for c in connectors.values()), audio_connector),

@@ -125,9 +125,64 @@ def qkv_weights(w: Weights, layer: str) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate([w(f"{p}.bias") for p in parts]))
 
 
-def language_model(g: GraphWriter, w: Weights, q: QwenDims, final_norm: bool) -> None:
+# --- BitNet's ternary projections (reference/asr_bitnet.py's BitLinear) --------------------------------------------
+
+BITNET_EPS, ACTIVATION_LEVELS = 1e-5, 127.0
+
+
+def ternarize(weight: np.ndarray) -> tuple[np.ndarray, F32]:
+    """(codes, s): the weight's codes {-1, 0, 1} and its one scale s = 1 / max(mean|W|, 1e-5), as BitLinear makes
+    them at load (the mean accumulated in float64 and rounded once; round half to even, as torch.round)."""
+    scale = F32(1.0) / max(F32(np.abs(weight, dtype=np.float64).mean()), F32(BITNET_EPS))
+    return np.clip(np.round(weight * scale), -1, 1).astype(F32), scale
+
+
+class Int8Activations:
+    """x quantized per token as BitLinear quantizes it (a = 127 / max(max|x|, 1e-5), x_q = clip(round(x·a), -128,
+    127)), once for every ternary product that reads x, and x_q headed by 127s once for their packed form."""
+
+    def __init__(self, g: GraphWriter, x: str):
+        peak = g.op("ReduceMax", g.op("Abs", x), g.const([-1], np.int64), keepdims=1)
+        self.g, self.scale = g, g.op("Div", g.const(ACTIVATION_LEVELS), g.op("Max", peak, g.const(BITNET_EPS)))
+        self.codes = g.op("Clip", g.op("Round", g.op("Mul", x, self.scale)), g.const(-128.0), g.const(127.0))
+        self._headed = None
+
+    def headed(self, width: int) -> str:
+        from ..export.precision import headed_inputs
+
+        if self._headed is None:
+            nodes, constants = headed_inputs("x", "headed", width)
+            names = {"x": self.codes, **{name: self.g.const(value, value.dtype) for name, value in constants}}
+            self._headed = self.g._splice(nodes, names, "headed")
+        return self._headed
+
+
+def bit_linear(g: GraphWriter, x: Int8Activations, w: Weights, name: str, bias: bool) -> str:
+    """BitLinear: (x_q · Wtᵀ) / (a · s) + bias, the ternary product packed as 2-bit MatMulNBits over x_q headed by
+    127s (export.precision.pack_ternary's form: the same integers, exactly)."""
+    from ..export.precision import headed_rows, ternary_matmul_nbits
+
+    codes, scale = ternarize(w(f"{name}.weight"))
+    attributes, tensors = ternary_matmul_nbits(headed_rows(codes.T), f"{name}.weight.T")
+    inputs = [g.weight(t, array, fp32_bytes=codes.nbytes // len(tensors)) for t, array in tensors]
+    g.quantized += 1
+    product = g.op("MatMulNBits", x.headed(codes.shape[1]), *inputs, domain=MS_DOMAIN, **attributes)
+    out = g.op("Div", product, g.op("Mul", x.scale, g.const(scale)))
+    return g.op("Add", out, g.weight(f"{name}.bias", w(f"{name}.bias"))) if bias else out
+
+
+def ternary_precision(g: GraphWriter) -> dict:
+    """The manifest's record of an LM whose projections are ternary (export.precision.pack_ternary's)."""
+    from ..export.precision import TERNARY, TERNARY_SCHEME
+
+    return {**TERNARY.describe(), "scheme": TERNARY_SCHEME, "matmuls": g.quantized, "weight_bytes_before": g.fp32_bytes,
+            "weight_bytes_after": g.weight_bytes}
+
+
+def language_model(g: GraphWriter, w: Weights, q: QwenDims, final_norm: bool, ternary: bool = False) -> dict | None:
     """A Qwen2 stack over a fixed-capacity KV cache (export.graphs.LanguageModelGraph, the same inputs, outputs
-    and operators): `w` holds layers.N.* and norm.weight of the checkpoint's LM."""
+    and operators): `w` holds layers.N.* and norm.weight of the checkpoint's LM. `ternary`: its seven projections
+    BitNet's BitLinear (three for q, k and v), and the record of their packing returned."""
     batch, seq, capacity = "batch", "sequence", "capacity"
     x = g.input("inputs_embeds", F32, [batch, seq, q.hidden])
     g.input("position_ids", np.int64, [batch, seq])
@@ -136,30 +191,43 @@ def language_model(g: GraphWriter, w: Weights, q: QwenDims, final_norm: bool) ->
     cos, sin = (g.weight(name, table) for name, table in zip(("cos_cache", "sin_cache"), rotary_tables(q)))
     kv = [(g.input(f"past_key_values.{i}.key", F32, [batch, q.kv_heads, capacity, q.head_dim]),
            g.input(f"past_key_values.{i}.value", F32, [batch, q.kv_heads, capacity, q.head_dim])) for i in range(q.layers)]
-    widths = g.const([q.heads * q.head_dim, q.kv_heads * q.head_dim, q.kv_heads * q.head_dim], np.int64)
     presents, g.layers = [], q.layers
     for i in range(q.layers):
         layer = f"layers.{i}"
         normed = rms_norm(g, x, g.weight(f"{layer}.input_layernorm.weight", w(f"{layer}.input_layernorm.weight")), q.rms_eps)
-        weight, bias = qkv_weights(w, layer)
-        packed = g.op("Add", g.product(normed, weight, f"{layer}.qkv.weight.T", (i, "qkv")), g.weight(f"{layer}.qkv.bias", bias))
-        query, key, value = g.op("Split", packed, widths, outputs=3, axis=2)
+        if ternary:
+            quantized = Int8Activations(g, normed)
+            query, key, value = (bit_linear(g, quantized, w, f"{layer}.self_attn.{p}_proj", bias=True) for p in "qkv")
+        else:
+            weight, bias = qkv_weights(w, layer)
+            packed = g.op("Add", g.product(normed, weight, f"{layer}.qkv.weight.T", (i, "qkv")),
+                          g.weight(f"{layer}.qkv.bias", bias))
+            widths = g.const([q.heads * q.head_dim, q.kv_heads * q.head_dim, q.kv_heads * q.head_dim], np.int64)
+            query, key, value = g.op("Split", packed, widths, outputs=3, axis=2)
         attended, present_key, present_value = g.op(
             "GroupQueryAttention", query, key, value, *kv[i], seqlens, total, cos, sin, outputs=3, domain=MS_DOMAIN,
             num_heads=q.heads, kv_num_heads=q.kv_heads, do_rotary=1, scale=float(q.head_dim ** -0.5))
         presents += [present_key, present_value]
-        x = g.op("Add", x, linear(g, attended, w, f"{layer}.self_attn.o_proj", bias=False, where=(i, "o")))
+
+        def project(value: str, name: str, where: str, shared: Int8Activations | None = None) -> str:
+            if not ternary:
+                return linear(g, value, w, f"{layer}.{name}", bias=False, where=(i, where))
+            return bit_linear(g, shared or Int8Activations(g, value), w, f"{layer}.{name}", bias=False)
+
+        x = g.op("Add", x, project(attended, "self_attn.o_proj", "o"))
         normed = rms_norm(g, x, g.weight(f"{layer}.post_attention_layernorm.weight",
                                          w(f"{layer}.post_attention_layernorm.weight")), q.rms_eps)
-        gate = silu(g, linear(g, normed, w, f"{layer}.mlp.gate_proj", bias=False, where=(i, "gate")))
-        up = linear(g, normed, w, f"{layer}.mlp.up_proj", bias=False, where=(i, "up"))
-        x = g.op("Add", x, linear(g, g.op("Mul", gate, up), w, f"{layer}.mlp.down_proj", bias=False, where=(i, "down")))
+        shared = Int8Activations(g, normed) if ternary else None
+        gate = silu(g, project(normed, "mlp.gate_proj", "gate", shared))
+        up = project(normed, "mlp.up_proj", "up", shared)
+        x = g.op("Add", x, project(g.op("Mul", gate, up), "mlp.down_proj", "down"))
     if final_norm:
         x = rms_norm(g, x, g.weight("norm.weight", w("norm.weight")), q.rms_eps)
     g.output(x, "hidden_states", F32, [batch, seq, q.hidden])
     for i in range(q.layers):
         for kind, value in zip(("key", "value"), presents[2 * i: 2 * i + 2]):
             g.output(value, f"present.{i}.{kind}", F32, [batch, q.kv_heads, capacity, q.head_dim])
+    return {"precision": ternary_precision(g)} if ternary else None
 
 
 # --- the diffusion head ----------------------------------------------------------------------------------------
