@@ -72,5 +72,6 @@ def host_tensors(checkpoint) -> dict[str, np.ndarray]:
 
 
 # Seconds and peak GB per billion parameters of a first use without torch on 2 cores (export.build.build_cost):
-# not yet measured at full size; the realtime writer's rates until it is.
-BUILD_COST = {"fp32": (25.0, 0.8), "int8": (110.0, 1.8)}
+# not yet measured at full size. Seconds: the realtime writer's rates. int8's peak: its gates hold the whole fp32
+# teacher in a phase, as the 1.5B's do (measured there: 3.6 GB per billion, writer/tts15b.py).
+BUILD_COST = {"fp32": (25.0, 0.8), "int8": (110.0, 3.6)}
