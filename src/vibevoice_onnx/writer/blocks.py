@@ -143,7 +143,9 @@ class Int8Activations:
 
     def __init__(self, g: GraphWriter, x: str):
         peak = g.op("ReduceMax", g.op("Abs", x), g.const([-1], np.int64), keepdims=1)
-        self.g, self.scale = g, g.op("Div", g.const(ACTIVATION_LEVELS), g.op("Max", peak, g.const(BITNET_EPS)))
+        # 127 / m as torch computes a scalar over a tensor: its reciprocal times the scalar (two roundings)
+        self.g, self.scale = g, g.op("Mul", g.op("Reciprocal", g.op("Max", peak, g.const(BITNET_EPS))),
+                                     g.const(ACTIVATION_LEVELS))
         self.codes = g.op("Clip", g.op("Round", g.op("Mul", x, self.scale)), g.const(-128.0), g.const(127.0))
         self._headed = None
 
