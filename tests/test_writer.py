@@ -299,13 +299,21 @@ def test_without_torch_verify_judges_the_15b_int8_bundle_against_the_fp32_one_be
     assert record["teacher"]["bundle"] == str((tmp_path / "1.5b" / "cpu_fp32").resolve())
 
 
-def test_the_fixed_profile_is_traced_only(tiny_checkpoints, tmp_path):
+def test_the_fixed_profile_is_traced_and_judged_against_pytorch_only(tiny_checkpoints, written, tmp_path):
+    """Its graphs are not written, and a fixed-shape bundle (a pulled one, say) given a teacher is refused in one
+    sentence, not judged by the default profile's gates on graphs it does not have."""
     from vibevoice_onnx.errors import VibeVoiceError
     from vibevoice_onnx.export.fixed import FixedProfile
+    from vibevoice_onnx.verify.judge import verify_bundle
 
+    profile = FixedProfile.from_options(None, None, False)
     with pytest.raises(VibeVoiceError, match="not available for the fixed-shape profile yet"):
-        build_bundle(tiny_checkpoints["realtime"], tmp_path, profile=FixedProfile.from_options(None, None, False),
-                     write=True)
+        build_bundle(tiny_checkpoints["realtime"], tmp_path, profile=profile, write=True)
+    shutil.copytree(written / "cpu_fp32", tmp_path / "realtime" / "cpu_fp32")
+    fixed = build_bundle(tiny_checkpoints["realtime"], tmp_path, "int8", profile=profile, write=False)
+    with pytest.raises(VibeVoiceError, match="is a fixed-shape bundle, and those are judged against the PyTorch "
+                                             "reference only so far"):
+        verify_bundle(fixed, teacher=tmp_path / "realtime" / "cpu_fp32", log=lambda line: None)
 
 
 def test_without_torch_an_int8_bundle_is_judged_against_the_written_fp32_graphs(written, tiny_checkpoints, tmp_path):

@@ -472,9 +472,13 @@ def require_room(weight_bytes: int, judged: str) -> None:
 
 
 def teacher_bundle(bundle: Bundle, path: Path) -> Bundle:
-    """The fp32 bundle `path` as the teacher of `bundle`: the same checkpoint (by its hash), kind and device."""
+    """The fp32 bundle `path` as the teacher of `bundle`: the same checkpoint (by its hash), kind and device, both
+    of the default profile (the teacher gates call the default profile's graphs)."""
     teacher = Bundle(path)
     ours, theirs = bundle.info, teacher.info
+    if "fixed" in (bundle.profile, teacher.profile):
+        raise VibeVoiceError(f"{bundle.path if bundle.profile == 'fixed' else path}: is a fixed-shape bundle, and those "
+                             "are judged against the PyTorch reference only so far (pip install 'vibevoice-onnx[export]')")
     if theirs.precision != "fp32":
         raise VibeVoiceError(f"{path}: is a {theirs.precision} bundle; the teacher must be an fp32 bundle")
     if theirs.source_hash != ours.source_hash or teacher.kind != bundle.kind or theirs.device != ours.device:
