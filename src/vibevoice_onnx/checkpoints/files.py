@@ -7,6 +7,7 @@ is caught here), which keeps `inspect` fast on a 16 GB checkpoint.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ class CheckpointFiles:
 
     def total_bytes(self) -> int:
         return sum((self.root / s).stat().st_size for s in self.shards)
+
+    def parameters(self) -> int:
+        """Values the stored tensors hold."""
+        return sum(math.prod(t.shape) for t in self.tensors.values())
 
     def read(self, name: str):
         """One stored tensor as a numpy array in its stored dtype (bf16 through ml_dtypes)."""

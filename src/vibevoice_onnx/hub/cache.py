@@ -132,7 +132,7 @@ def build_and_verify(source_checkpoint: Checkpoint | Path, source: Source, preci
     if precision != "fp32" and not torch_installed():
         from ..verify.judge import require_room
 
-        require_room(4 * parameters(checkpoint), f"a {checkpoint.kind} {precision} bundle")
+        require_room(4 * checkpoint.files.parameters(), f"a {checkpoint.kind} {precision} bundle")
     with source_lock(source):
         if not settled(target):
             if not complete(target):
@@ -267,7 +267,7 @@ def estimate(checkpoint: Checkpoint, precision: str) -> str:
     from ..export.build import build_cost
 
     files, kind = checkpoint.files, checkpoint.kind
-    count = parameters(checkpoint)
+    count = files.parameters()
     written = family(kind).writer is not None and not torch_installed()
     minutes, peak_gb = build_cost(kind, precision, count, WRITTEN if written else TRACED)
     duration = "under a minute" if minutes < 1 else f"about {minutes:.0f} min"
@@ -276,17 +276,6 @@ def estimate(checkpoint: Checkpoint, precision: str) -> str:
     return (f"first use: {doing} {article} {kind} {precision} bundle from {checkpoint.root} "
             f"({count / 1e9:.2f} B parameters, {files.total_bytes() / 1e9:.1f} GB); on 2 cores expect "
             f"{duration} and up to {peak_gb:.1f} GB of memory (later uses start at once)")
-
-
-def parameters(checkpoint: Checkpoint) -> int:
-    return sum(_elements(t.shape) for t in checkpoint.files.tensors.values())
-
-
-def _elements(shape) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
 
 
 def cached_bundles() -> list[dict]:

@@ -23,7 +23,7 @@ from ..checkpoints.inspect import check_layout, listing as _listing
 from ..checkpoints.names import normalise_key, realtime_to_reference
 from ..errors import CheckpointError
 from ..families import family, load
-from ..runtime.device import available_memory
+from ..runtime.device import MEMORY_ROOM, available_memory
 
 Rename = Callable[[str], "str | None"]  # None: a stored tensor the reference deliberately does not load
 HEAD = "lm_head.weight"
@@ -144,11 +144,8 @@ def load_into(module: nn.Module, files: CheckpointFiles, kind: str, rename: Rena
 def fp32_model_fits(files: CheckpointFiles, bytes_per_parameter: int = 4, beside: int = 0) -> bool:
     """Whether this machine can hold the checkpoint's model in fp32 (or at `bytes_per_parameter`: 2 for a
     compact reference) with a margin for activations, next to `beside` bytes of something else."""
-    import math
-
-    parameters = sum(math.prod(t.shape) for t in files.tensors.values())
     available = available_memory()
-    return available is None or parameters * bytes_per_parameter * 1.2 + beside <= available
+    return available is None or files.parameters() * bytes_per_parameter * MEMORY_ROOM + beside <= available
 
 
 def load_realtime(source: Checkpoint | Path):

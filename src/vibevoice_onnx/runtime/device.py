@@ -17,8 +17,8 @@ per step.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -211,6 +211,10 @@ class StaticBinding:
         for name, (shape, dtype) in self.outputs.items():
             self.values[name] = OrtValue.ortvalue_from_shape_and_type(shape, np.dtype(dtype), *where)
             self.binding.bind_ortvalue_output(name, self.values[name])
+
+
+# Memory a model's weights take once loaded, against their bytes: activations, onnxruntime's and Python's own.
+MEMORY_ROOM = 1.2
 
 
 def available_memory() -> int | None:

@@ -17,7 +17,7 @@ from ..checkpoints.checkpoint import Checkpoint
 from ..errors import VibeVoiceError
 from ..families import family, stage
 from ..runtime.bundle import Bundle, write_manifest
-from ..runtime.device import available_memory
+from ..runtime.device import MEMORY_ROOM, available_memory
 from ..runtime.lm import ALL_ROWS, NEGATIVE, POSITIVE, KvCache, OnnxLm
 from ..runtime.manifest import GATE_COLUMNS, gate_cells
 
@@ -456,16 +456,13 @@ TEACHER_REFERENCE = ("fp32 ONNX graphs of the same checkpoint (the teacher: writ
                      "PyTorch, held operator for operator to the traced export in tests/test_writer.py), CPU")
 
 
-ROOM = 1.2  # a phase holds its graphs' weights and their activations, onnxruntime's and Python's own memory
-
-
 def require_room(weight_bytes: int, judged: str) -> None:
     """One sentence, before anything is built or run, where the teacher (fp32 graphs of `weight_bytes`, resident
     for each of its phases) does not fit in the memory this machine has available now."""
     available = available_memory()
-    if available is not None and weight_bytes * ROOM > available:
+    if available is not None and weight_bytes * MEMORY_ROOM > available:
         raise VibeVoiceError(
-            f"judging {judged} without PyTorch holds its fp32 teacher in memory, about {weight_bytes * ROOM / 1e9:.1f} GB "
+            f"judging {judged} without PyTorch holds its fp32 teacher in memory, about {weight_bytes * MEMORY_ROOM / 1e9:.1f} GB "
             f"with what runs beside it, and this machine has {available / 1e9:.1f} GB available: with the export "
             "extra (pip install 'vibevoice-onnx[export]') it is judged against the PyTorch reference, whose LM "
             "layers are read from the shards as they run")

@@ -27,7 +27,7 @@ from ..text import encode_tts_text
 from ..voices import VoicePrompt
 from .calibration import EOS, StepError, calibrated_gates, perturbed_runs
 from .judge import BATCH_LATE_AFTER, BATCHED, SEED, Gate, Limits, batched_and_alone, bound_gate, compare, forced_gates, replay_gate
-from .teacher import Resident, decode_each, released
+from .teacher import Resident, decode_each, held
 
 CLOSED_LOOP_TEXT = (
     "The quick brown fox jumps over the lazy dog. Speech synthesis turns written text into spoken audio, "
@@ -156,17 +156,6 @@ class OneAtATime:
 
     def graphs(self, names: tuple[str, ...]):
         return held(Partial(Bundle(self.path), names))
-
-
-@contextlib.contextmanager
-def held(backend: OnnxRealtimeBackend):
-    """`backend` for the phase, its sessions closed at the end however the caller still refers to it."""
-    try:
-        yield backend
-    finally:
-        backend.sessions, backend.lms, backend.head, backend.decoder = {}, {}, None, None
-        backend.bundle._sessions.clear()
-        released()
 
 
 def resident(reference) -> Always | OneAtATime:

@@ -32,14 +32,18 @@ class Phased:
     def __init__(self, path: Path, backend: Callable):
         self.path, self.backend = Path(path), backend
 
-    @contextlib.contextmanager
     def whole(self):
-        bundle = Bundle(self.path)
-        try:
-            yield self.backend(bundle)
-        finally:
-            bundle.close()
-            released()
+        return held(self.backend(Bundle(self.path)))
+
+
+@contextlib.contextmanager
+def held(backend):
+    """`backend` (a bundle's) for a phase, its bundle closed at the end however the caller still refers to it."""
+    try:
+        yield backend
+    finally:
+        backend.bundle.close()
+        released()
 
 
 def released() -> None:
@@ -56,8 +60,7 @@ def released() -> None:
         pass
 
 
-def against_teacher(teacher: Phased, student: Phased, inputs: Callable, calls: Callable, tolerance: Tolerance,
-                    detail: Callable[[str], str] = lambda name: "") -> list[Gate]:
+def against_teacher(teacher: Phased, student: Phased, inputs: Callable, calls: Callable, tolerance: Tolerance) -> list[Gate]:
     """Each graph of the student against the teacher's on the same inputs: `inputs(teacher_backend)` draws them
     (realistic ones: hidden states from the teacher's LM), `calls(backend, inputs)` gives {gate name: outputs},
     run in the teacher's phase and then in the student's."""
@@ -66,8 +69,7 @@ def against_teacher(teacher: Phased, student: Phased, inputs: Callable, calls: C
         theirs = calls(backend, drawn)
     with student.whole() as backend:
         ours = calls(backend, drawn)
-    return [compare(f"{name}: against the teacher's graph", ours[name], theirs[name], tolerance, detail(name))
-            for name in theirs]
+    return [compare(f"{name}: against the teacher's graph", ours[name], theirs[name], tolerance) for name in theirs]
 
 
 def decode_each(backend, latents: np.ndarray) -> list[np.ndarray]:
