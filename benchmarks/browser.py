@@ -26,12 +26,9 @@ from phases import header, print_results, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-SESSIONS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
-(async () => { for (const name of Object.keys(api.site.graphs)) {
-    const start = performance.now(); await api.session(name); out[name] = performance.now() - start; }
-  done(out); })().catch((error) => done({error: error.message}));"""
+SESSIONS = "return {ready: globalThis.vibevoice.timings.ready};"  # the load's: manifest read to sessions made
 PLACEMENT = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice, out = {};
-(async () => { for (const name of Object.keys(api.site.graphs)) out[name] = await api.placement(name);
+(async () => { for (const name of Object.keys(api.manifest.graphs)) out[name] = await api.placement(name);
   done(out); })().catch((error) => done({error: error.message}));"""
 CALLS = """const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
 (async () => { api.timings[arguments[0]] = [];
@@ -117,7 +114,7 @@ def main() -> int:
                 ready_seconds = time.perf_counter() - start
                 if not ready["ok"]:
                     raise SystemExit(f"the page refused the bundle: {ready['message']}")
-                sessions = driver.execute_async_script(SESSIONS)
+                sessions = driver.execute_script(SESSIONS)
                 placement = driver.execute_async_script(PLACEMENT)
                 print(f"placement: {json.dumps(placement)}", flush=True)
                 graphs = {}

@@ -98,6 +98,20 @@ def tiny_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_int8_bundle(tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
+    """tiny_bundle at int8 (built from its fp32 sibling, as `build` does), verified. Treat as read-only."""
+    from vibevoice_onnx.cli import main
+    from vibevoice_onnx.verify.common import verify_bundle
+
+    def make(root: Path) -> None:
+        copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
+        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", "int8"]) == 0
+        assert verify_bundle(root / "realtime" / "cpu_int8", tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
+
+    return made_once(shared_dir, "onnx-int8", make) / "realtime" / "cpu_int8"
+
+
+@pytest.fixture(scope="session")
 def eos_early_rebuild(tiny_checkpoints, tiny_bundle, tmp_path_factory) -> tuple[Path, Path]:
     """A rebuild, over a copy of the tiny bundle, from a checkpoint whose EOS fires on the first frame.
 

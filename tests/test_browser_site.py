@@ -19,7 +19,8 @@ from conftest import copy_bundle  # noqa: E402
 from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
 
 from vibevoice_onnx.web.check import (GRAPH_LIMITS, LOOP_COSINE, WEBGPU_ON_CPU, closeness, graph_calls,  # noqa: E402
-                                      page_arithmetic, tokenizer_ids, whole_loop)
+                                      page_arithmetic, page_caller, page_speaker, tokenizer_ids,
+                                      whole_loop)
 from vibevoice_onnx.web.check import open_page as page  # noqa: E402  (the page at a URL, its API ready or refused)
 
 if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
@@ -36,17 +37,8 @@ def site_bundle(tiny_bundle, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def int8_bundle(tiny_checkpoints, site_bundle, tmp_path_factory) -> Path:
-    """The tiny realtime bundle at int8 (built from its fp32 sibling, as `build` does), verified."""
-    from vibevoice_onnx.cli import main
-    from vibevoice_onnx.verify.common import verify_bundle
-
-    root = tmp_path_factory.mktemp("int8")
-    copy_bundle(site_bundle, root / "realtime" / "cpu_fp32")
-    assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", "int8"]) == 0
-    bundle = root / "realtime" / "cpu_int8"
-    assert verify_bundle(bundle, tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
-    return bundle
+def int8_bundle(tiny_int8_bundle) -> Path:
+    return tiny_int8_bundle
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +122,7 @@ def test_on_webgpu_only_the_int8_decoders_products_fall_back_to_wasm(host, brows
     placed = browser.execute_async_script("""
         const done = arguments[arguments.length - 1], api = globalThis.vibevoice;
         (async () => { const out = {};
-          for (const name of Object.keys(api.site.graphs)) out[name] = await api.placement(name);
+          for (const name of Object.keys(api.manifest.graphs)) out[name] = await api.placement(name);
           done(out); })().catch((e) => done({error: e.message}));""")
     assert "error" not in placed, placed
     assert set(placed) == set(bundle.info.graphs)
@@ -170,7 +162,7 @@ def test_every_graph_of_the_loop_gives_the_python_outputs(host, browser, site_bu
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
     largest, lowest = GRAPH_LIMITS[provider, "fp32" if precision == "fp32" else "quantized"]
     assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
-    measured = graph_calls(browser, bundle)
+    measured = graph_calls(page_caller(browser), bundle)
     assert {key.split(".")[0] for key in measured} == set(Bundle(bundle).info.graphs)  # the loop called every graph
     print(provider, precision, json.dumps(measured))
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
@@ -230,7 +222,7 @@ def test_the_page_speaks_what_python_speaks_with_the_same_noise(host, browser, s
 
     bundle = {"fp32": site_bundle, "int8": int8_bundle}[precision]
     assert page(browser, f"{host}/{precision}/?provider={provider}")["provider"] == provider
-    loop = whole_loop(browser, bundle, "synthetic")
+    loop = whole_loop(page_speaker(browser), bundle, "synthetic")
     print(provider, precision, f"cosine {loop['cosine']:.7f}", f"max|Δ| {loop['difference']:.2e} of scale",
           f"gain {loop['gain']:.6f}")
     assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
@@ -262,7 +254,7 @@ def test_the_page_speaks_from_its_form_and_plays_as_it_goes(host, browser):
 
 
 def test_text_streamed_into_the_page_speaks_as_the_whole_text(host, browser, site_bundle):
-    """`speakStream`: the text fed in pieces (split mid-word, in whitespace runs, with the demo's quotes) while the
+    """`stream()`: the text fed in pieces (split mid-word, in whitespace runs, with the demo's quotes) while the
     loop runs gives the whole text's ids (Python's encode_tts_text) and the whole text's speech, sample for sample."""
     from vibevoice_onnx.runtime.bundle import Bundle
     from vibevoice_onnx.text import encode_tts_text
@@ -275,7 +267,7 @@ def test_text_streamed_into_the_page_speaks_as_the_whole_text(host, browser, sit
         (async () => {
           const options = {voice: "synthetic", seed: 9, maxFrames: 20};
           const whole = await api.speak(text, options);
-          const stream = api.speakStream(options);
+          const stream = api.stream(options);
           for (const piece of pieces) { stream.feed(piece); await new Promise((r) => setTimeout(r, 5)); }
           stream.finish();
           const streamed = await stream.done;

@@ -47,7 +47,7 @@ WEBGPU_ON_CPU = ("--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader", "
 READY = """const done = arguments[arguments.length - 1];
 const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then(
     (api) => done({ok: true, threads: api.threads, isolated: globalThis.crossOriginIsolated, voices: api.voices,
-                   gates: api.site.gates, provider: api.provider, adapter: api.adapter}),
+                   gates: api.gates, provider: api.device, adapter: api.adapter}),
     (error) => done({ok: false, message: error.message})) : setTimeout(wait, 50);
 wait();"""
 RUN = """const done = arguments[arguments.length - 1];
@@ -108,20 +108,27 @@ def tokenizer_ids(driver, bundle) -> tuple[list, list]:
     return theirs, [bundle.tokenizer.encode(text, add_special_tokens=False).ids for text in CORPUS]
 
 
-def graph_calls(driver, bundle_dir: Path) -> dict[str, tuple[float, float]]:
-    """Each graph's first call of a Python generation in the page's arithmetic, replayed in the page:
-    {graph.output: closeness}."""
-    measured = {}
-    with page_arithmetic(bundle_dir) as reference:
+def page_caller(driver):
+    """The page's graph calls in `driver`'s browser, as graph_calls makes them: [{name, feeds, fetches}] (arrays in
+    the wire form) -> [{output: wire array} or {error}]."""
+    return lambda requests: [driver.execute_async_script(RUN, r["name"], r["feeds"], r["fetches"]) for r in requests]
+
+
+def graph_calls(caller, bundle_dir: Path, arithmetic=None) -> dict[str, tuple[float, float]]:
+    """Each graph's first call of a Python generation, in `arithmetic` (the page's, by default), replayed by the
+    JavaScript module (`caller`: page_caller, or Node.js's): {graph.output: closeness}."""
+    with (arithmetic or page_arithmetic)(bundle_dir) as reference:
         calls = first_calls(reference)
-    for name, (inputs, outputs) in calls.items():
-        result = driver.execute_async_script(RUN, name, {k: wire(v) for k, v in inputs.items()}, list(outputs))
+    results = caller([{"name": name, "feeds": {k: wire(v) for k, v in inputs.items()}, "fetches": list(outputs)}
+                      for name, (inputs, outputs) in calls.items()])
+    measured = {}
+    for (name, (_, outputs)), result in zip(calls.items(), results):
         if "error" in result:
-            raise VibeVoiceError(f"the page could not run {name}: {result['error']}")
+            raise VibeVoiceError(f"the JavaScript module could not run {name}: {result['error']}")
         for output, expected in outputs.items():
             got = unwire(result[output])
             if got.shape != expected.shape:
-                raise VibeVoiceError(f"{name}.{output}: the page gave shape {got.shape}, Python {expected.shape}")
+                raise VibeVoiceError(f"{name}.{output}: JavaScript gave shape {got.shape}, Python {expected.shape}")
             measured[f"{name}.{output}"] = closeness(got, expected)
     return measured
 
@@ -164,19 +171,27 @@ def leveled(model) -> list:
             for a in node.attribute if a.name == "accuracy_level" and a.i != 0]
 
 
-def whole_loop(driver, bundle_dir: Path, voice: str, text: str = LOOP_TEXT, frames: int = LOOP_FRAMES) -> dict:
-    """The page's `speak` against the Python runtime's on the same text, voice and noise rows, in the page's
-    arithmetic: {frames: (page, Python), cosine, difference, gain (the page's RMS over Python's), samples: the
-    page's}."""
+def page_speaker(driver):
+    """The page's `speak` in `driver`'s browser, as whole_loop calls a JavaScript speaker: (text, noise rows, frames,
+    voice) -> {samples, rate, frames, stop} or {error}."""
+    return lambda text, rows, frames, voice: driver.execute_async_script(SPEAK, text, rows.tolist(), frames, voice)
+
+
+def whole_loop(speaker, bundle_dir: Path, voice: str, text: str = LOOP_TEXT, frames: int = LOOP_FRAMES,
+               arithmetic=page_arithmetic) -> dict:
+    """The JavaScript loop's `speak` (`speaker`: page_speaker, or Node.js's) against the Python runtime's on the same
+    text, voice and noise rows, the Python side in `arithmetic` (the page's, by default; onnxruntime-node computes as
+    Python's onnxruntime does): {frames: (JavaScript, Python), cosine, difference, gain (JavaScript's RMS over
+    Python's), samples: JavaScript's}."""
     from ..runtime.speech import open_tts
     from ..sampling import NoiseSource
 
     rows = loop_rows(frames)
-    with page_arithmetic(bundle_dir) as reference:
+    with arithmetic(bundle_dir) as reference:
         ours, rate = open_tts(reference).create(text, voice=voice, noise=NoiseSource(rows=rows), max_frames=frames)
-    theirs = driver.execute_async_script(SPEAK, text, rows.tolist(), frames, voice)
+    theirs = speaker(text, rows, frames, voice)
     if "error" in theirs:
-        raise VibeVoiceError(f"the page could not speak: {theirs['error']}")
+        raise VibeVoiceError(f"the JavaScript loop could not speak: {theirs['error']}")
     samples = np.asarray(theirs["samples"], np.float64)
     if theirs["rate"] != rate or samples.shape != ours.shape:
         return {"frames": (theirs["frames"], frames), "cosine": 0.0, "difference": float("inf"), "gain": 0.0,
@@ -229,7 +244,7 @@ def tokenizer_gate(driver, bundle, log) -> dict:
 
 def graph_gate(driver, bundle_dir: Path, provider: str, exactness: str, log) -> dict:
     largest, lowest = GRAPH_LIMITS[provider, exactness]
-    measured = graph_calls(driver, bundle_dir)
+    measured = graph_calls(page_caller(driver), bundle_dir)
     worst_difference = max(d for d, _ in measured.values())
     worst_cosine = min(c for _, c in measured.values())
     log(f"  graph calls: largest difference {worst_difference:.2g} of scale, lowest cosine {worst_cosine:.6f}")
@@ -242,8 +257,16 @@ def graph_gate(driver, bundle_dir: Path, provider: str, exactness: str, log) -> 
 def loop_gate(driver, bundle_dir: Path, voices: list[str], exactness: str, log) -> dict:
     if not voices:
         return {"name": "the whole loop against speak --noise", "passed": False, "why": "the bundle has no voice"}
-    loop = whole_loop(driver, bundle_dir, voices[0])
-    log(f"  whole loop: {loop['frames'][0]} frames (Python {loop['frames'][1]}), cosine {loop['cosine']:.7f}")
+    loop = whole_loop(page_speaker(driver), bundle_dir, voices[0])
+    log(f"  whole loop: {loop['frames'][0]} frames (Python {loop['frames'][1]}), cosine {loop['cosine']:.7f}, "
+        f"gain {loop['gain']:.6f}")
+    return loop_verdict(loop, exactness)
+
+
+def loop_verdict(loop: dict, precision: str) -> dict:
+    """A whole loop (whole_loop) judged: the same frames, and the samples within LOOP_COSINE in direction and
+    LOOP_GAIN in level for the bundle's `precision` (fp32, or any quantized one)."""
+    exactness = "fp32" if precision == "fp32" else "quantized"
     return {"name": "the whole loop against speak --noise", "frames": list(loop["frames"]),
             "cosine": loop["cosine"], "largest_difference": loop["difference"],
             "gain": loop["gain"], "limit": {"cosine": LOOP_COSINE[exactness], "gain": LOOP_GAIN},

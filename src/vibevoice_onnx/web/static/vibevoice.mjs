@@ -1,114 +1,242 @@
-// VibeVoice-Realtime in the browser, on onnxruntime-web (WebGPU where the browser offers a GPU adapter, else WASM).
-// `globalThis.vibevoice` is the scriptable API (docs/browser.md lists every member):
-//   ready      a promise of the API once the site's record, the manifest and the tokenizer are in; rejected,
-//              with the sentence `speak` would give, for a bundle it may not run
-//   speak(text, options), speakStream(options): the realtime loop in the tab, whole text or text in pieces
-//   tokenize, normalise, schedule, sampleLatent, run, session, player, timings: its pieces, each gated against
-//              the Python runtime in a real browser (tests/test_browser_site.py)
-import { Tokenizer } from "./tokenizers/tokenizers.min.mjs";
+// vibevoice-onnx for JavaScript: VibeVoice-Realtime from a bundle at any URL, in a browser (onnxruntime-web: WebGPU
+// or WASM) or in Node.js (onnxruntime-node, CPU). Typed in vibevoice.d.ts, documented in docs/javascript.md:
+//   const tts = await VibeVoice.load(bundleUrl, { device, threads, onProgress });
+//   const { samples, sampleRate } = await tts.speak("Hello.", { voice: tts.voices[0] });
+// Every file is checked against the sha256 its manifest records before use and kept (the browser's Cache Storage,
+// or a folder in Node.js) under that sha256: a second load needs no network, a changed file is fetched again. The
+// loop is the Python runtime's (generation/realtime.py), held to it by parity gates in Chromium, Firefox and
+// Node.js (tests/test_browser_site.py, tests/test_javascript.py).
+import { Tokenizer } from "@huggingface/tokenizers";
 
+const IN_NODE = typeof process !== "undefined" && Boolean(process.versions?.node) && typeof window === "undefined";
+const nodeImport = (name) => import(/* @vite-ignore */ `node:${name}`); // never resolved by a page's bundler
 const ARRAYS = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array };
-const api = { sessions: new Map(), timings: {} };
-// onnxruntime-web, once the provider is chosen: its WASM build, or its WebGPU build (which runs on WASM's kernels
-// every node WebGPU has no kernel for).
-let ort = null;
-const BUILDS = { wasm: "./ort/ort.wasm.min.mjs", webgpu: "./ort/ort.webgpu.min.mjs" };
+const CACHE_NAME = "vibevoice-onnx-files";
+const f = Math.fround;
 
-// The provider: the page's `?provider=` (wasm or webgpu) if given, else WebGPU where the browser offers a hardware
-// adapter (a software one, such as SwiftShader, is slower than WASM), else WASM.
-async function chooseProvider() {
-  const asked = new URLSearchParams(globalThis.location?.search ?? "").get("provider");
-  if (asked !== null && !(asked in BUILDS)) throw new Error(`?provider=${asked}: the page runs on ${Object.keys(BUILDS).join(" or ")}`);
-  if (asked === "wasm") return { provider: "wasm", adapter: null };
+// ---- the text rule: Python's (text.speakable, text.normalise_tts_text), character for character -----------------
+// Control characters other than newline and tab are removed; whitespace is what Python's str.isspace() calls
+// whitespace, never JavaScript's \s or trim(), which also take U+FEFF (Python keeps it, and so does the tokenizer).
+const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
+const SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const IS_SPACE = new RegExp(`^[${SPACE}]$`), LEADING = new RegExp(`^[${SPACE}]+`), TRAILING = new RegExp(`[${SPACE}]+$`);
+const strip = (text) => text.replace(LEADING, "").replace(TRAILING, "");
+// The demo's quotes, as the Python runtime replaces them (text._QUOTES).
+const withQuotes = (text) => text.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"');
+
+/** Python's str.isspace() for one character. */
+export const isSpace = (character) => IS_SPACE.test(character);
+
+/** The text as the Python runtime reads it: controls out, stripped, the demo's quotes replaced, stripped, a newline
+ * after; the Python runtime's sentence for a text with nothing to speak. */
+export function normaliseText(text) {
+  const out = strip(withQuotes(strip(String(text).replace(CONTROLS, ""))));
+  if (!out) throw new Error("the text has nothing to speak (it is empty, or only whitespace and control characters)");
+  return `${out}\n`;
+}
+
+// ---- a bundle's files, from any base URL (or, in Node.js, a folder), checked and kept ----------------------------
+const hex = (bytes) => Array.from(new Uint8Array(bytes), (b) => b.toString(16).padStart(2, "0")).join("");
+
+function baseUrl(bundle) {
+  const text = String(bundle);
+  const here = IN_NODE ? `file://${process.cwd()}/` : globalThis.location?.href;
+  const url = IN_NODE && !/^[a-z][a-z0-9+.-]*:/i.test(text) ? new URL(`file://${text.startsWith("/") ? "" : `${process.cwd()}/`}${text}`) : new URL(text, here);
+  if (!url.pathname.endsWith("/")) url.pathname += "/";
+  return url;
+}
+
+// Where checked files are kept, by sha256: the browser's Cache Storage (where the page may use it: a secure
+// context), a folder in Node.js, or nowhere (`cache: false`).
+class BrowserStore {
+  static async open(enabled) {
+    return new BrowserStore(enabled && globalThis.caches ? await caches.open(CACHE_NAME).catch(() => null) : null);
+  }
+
+  constructor(cache) { this.cache = cache; }
+
+  key(name) { return `https://vibevoice-onnx.invalid/${name}`; }
+
+  async get(sha256) {
+    const found = this.cache && await this.cache.match(this.key(`sha256/${sha256}`));
+    return found ? new Uint8Array(await found.arrayBuffer()) : null;
+  }
+
+  async put(sha256, bytes) { await this.cache?.put(this.key(`sha256/${sha256}`), new Response(bytes)).catch(() => {}); }
+
+  async getText(name) { const found = this.cache && await this.cache.match(this.key(name)); return found ? found.text() : null; }
+
+  async putText(name, text) { await this.cache?.put(this.key(name), new Response(text)).catch(() => {}); }
+}
+
+class NodeStore {
+  static async open(enabled, folder) {
+    const [fs, os, path] = await Promise.all([nodeImport("fs/promises"), nodeImport("os"), nodeImport("path")]);
+    const root = folder ?? process.env.VIBEVOICE_ONNX_JS_CACHE ?? path.join(os.homedir(), ".cache", "vibevoice-onnx", "js");
+    return new NodeStore(enabled ? root : null, fs, path);
+  }
+
+  constructor(root, fs, path) { Object.assign(this, { root, fs, path }); }
+
+  file(name) { return this.path.join(this.root, ...name.split("/")); }
+
+  async get(sha256) {
+    const bytes = this.root ? await this.fs.readFile(this.file(`sha256/${sha256}`)).catch(() => null) : null;
+    return bytes && new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
+
+  async put(sha256, bytes) { if (this.root) await this.write(`sha256/${sha256}`, bytes); }
+
+  async getText(name) { return this.root ? this.fs.readFile(this.file(name), "utf8").catch(() => null) : null; }
+
+  async putText(name, text) { if (this.root) await this.write(name, text); }
+
+  async write(name, data) { // whole or not at all: written beside, then renamed
+    const target = this.file(name), partial = `${target}.${process.pid}.partial`;
+    await this.fs.mkdir(this.path.dirname(target), { recursive: true });
+    await this.fs.writeFile(partial, data);
+    await this.fs.rename(partial, target);
+  }
+}
+
+async function sha256Of(bytes) {
+  if (globalThis.crypto?.subtle) return hex(await crypto.subtle.digest("SHA-256", bytes));
+  return (await nodeImport("crypto")).createHash("sha256").update(bytes).digest("hex");
+}
+
+// The bundle's bytes as its manifest records them: from the store, else from the base URL, with progress.
+class BundleFiles {
+  constructor(base, manifest, store, progress) { Object.assign(this, { base, manifest, store, progress }); }
+
+  record(name) {
+    const record = this.manifest.files?.[name];
+    if (!record?.sha256) throw new Error(`${this.base}: its manifest records no sha256 for ${name}, so it cannot be checked (build the bundle again with this version)`);
+    return record;
+  }
+
+  async bytes(name) {
+    const { sha256, size } = this.record(name);
+    const kept = await this.store.get(sha256);
+    if (kept && kept.byteLength === size) {
+      this.progress(name, size, size);
+      return kept;
+    }
+    const url = new URL(name, this.base);
+    const bytes = await download(url, size, (loaded) => this.progress(name, loaded, size));
+    if (await sha256Of(bytes) !== sha256) {
+      throw new Error(`${url}: this file does not match the sha256 its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+    }
+    await this.store.put(sha256, bytes);
+    return bytes;
+  }
+
+  async json(name) { return JSON.parse(new TextDecoder().decode(await this.bytes(name))); }
+}
+
+async function download(url, size, onBytes) {
+  if (url.protocol === "file:") {
+    if (!IN_NODE) throw new Error(`${url}: a page cannot read files; give the bundle's http(s) URL`);
+    const bytes = await (await nodeImport("fs/promises")).readFile(url).catch((e) => {
+      throw new Error(`${url}: cannot be read (${e.code ?? e.message})`);
+    });
+    onBytes(bytes.byteLength);
+    return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
+  const response = await fetch(url).catch((e) => { throw new Error(`${url}: cannot be fetched (${e.cause?.code ?? e.message})`); });
+  if (!response.ok) throw new Error(`${url}: the host answered ${response.status}`);
+  const bytes = new Uint8Array(size), reader = response.body.getReader();
+  let loaded = 0;
+  for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+    if (loaded + chunk.value.byteLength > size) {
+      await reader.cancel();
+      throw new Error(`${url}: longer than the ${size} bytes its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+    }
+    bytes.set(chunk.value, loaded);
+    loaded += chunk.value.byteLength;
+    onBytes(loaded);
+  }
+  if (loaded !== size) throw new Error(`${url}: ${loaded} bytes where its manifest records ${size}; it was changed or damaged on the way, so the bundle is refused`);
+  return bytes;
+}
+
+// The manifest: the host's, kept for a load with the network gone; the kept one where the host cannot be reached.
+async function readManifest(base, store) {
+  const url = new URL("manifest.json", base), key = `manifests/${(await sha256Of(new TextEncoder().encode(String(base)))).slice(0, 32)}.json`;
+  let text;
+  try {
+    if (url.protocol === "file:") text = await (await nodeImport("fs/promises")).readFile(url, "utf8");
+    else {
+      const response = await fetch(url, { cache: "no-cache" });
+      if (!response.ok) throw Object.assign(new Error(`${url}: the host answered ${response.status}`), { answered: true });
+      text = await response.text();
+    }
+  } catch (error) {
+    text = error.answered ? null : await store.getText(key);
+    if (text === null) throw error.answered ? error : new Error(`${url}: cannot be read (${error.cause?.code ?? error.code ?? error.message}), and no copy is kept from an earlier load`);
+  }
+  let manifest;
+  try { manifest = JSON.parse(text); } catch { throw new Error(`${url}: is not a bundle's manifest (not JSON)`); }
+  await store.putText(key, text);
+  return manifest;
+}
+
+// Why `speak` refuses the bundle (runtime.bundle.Bundle.unusable, without --force: a page has none), or null.
+export function refusal(where, manifest) {
+  const { parity, precision } = manifest;
+  if (parity && !parity.passed) {
+    const failed = parity.gates.filter((g) => !g.passed).map((g) => g.name).join(", ");
+    return `${where}: failed its parity gates (${failed}), so it is not usable`;
+  }
+  if (!parity && precision !== "fp32") {
+    return `${where}: this ${precision} bundle has not been verified; run \`vibevoice-onnx verify ${where}\` first (its closed loop must pass)`;
+  }
+  return null;
+}
+
+function checkRunnable(where, manifest) {
+  if (manifest.model_kind !== "realtime") throw new Error(`${where}: a bundle of ${manifest.model_kind}; this module runs VibeVoice-Realtime bundles (realtime)`);
+  const profile = manifest.profile?.name ?? "dynamic";
+  if (profile !== "dynamic" || manifest.device !== "cpu") {
+    throw new Error(`${where}: a bundle of the ${profile} profile built for ${manifest.device}; this module runs bundles of the dynamic profile built for the CPU (fp32, int8 or int4-mixed; build --profile dynamic --device cpu)`);
+  }
+  const why = refusal(where, manifest);
+  if (why) throw new Error(why);
+}
+
+// ---- onnxruntime: onnxruntime-web (WebGPU or WASM) in a page, onnxruntime-node in Node.js ------------------------
+// onnxruntime's WebAssembly binds the console when it loads, so a page's console is wrapped before it loads: while
+// placement() listens, what is written to it is kept there instead.
+let listening = null;
+function wrapConsole() {
+  if (console.vibevoiceWrapped) return;
+  for (const level of ["log", "warn", "error"]) {
+    const write = console[level].bind(console);
+    console[level] = (...args) => (listening ? listening.push(args.join(" ")) : write(...args));
+  }
+  console.vibevoiceWrapped = true;
+}
+
+// The device: WebGPU where the page asks or, with "auto", where the browser offers a hardware adapter (a software
+// one, such as SwiftShader, is slower than WASM); else WASM; in Node.js the CPU.
+async function chooseDevice(device) {
+  const devices = IN_NODE ? ["auto", "cpu"] : ["auto", "webgpu", "wasm"];
+  if (!devices.includes(device)) throw new Error(`device ${device}: ${IN_NODE ? "Node.js runs on cpu" : "a page runs on webgpu or wasm"} (or auto)`);
+  if (IN_NODE) return { device: "cpu", adapter: null };
+  if (device === "wasm") return { device, adapter: null };
   const adapter = globalThis.navigator?.gpu ? await navigator.gpu.requestAdapter().catch(() => null) : null;
   const info = adapter ? { vendor: adapter.info?.vendor, architecture: adapter.info?.architecture,
                            software: Boolean(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter) } : null;
-  if (asked === "webgpu" && !adapter) throw new Error("?provider=webgpu: this browser offers no WebGPU adapter");
-  return { provider: asked === "webgpu" || (info && !info.software) ? "webgpu" : "wasm", adapter: info };
+  if (device === "webgpu" && !adapter) throw new Error("device webgpu: this browser offers no WebGPU adapter");
+  return { device: device === "webgpu" || (info && !info.software) ? "webgpu" : "wasm", adapter: info };
 }
 
-async function json(path) {
-  const response = await fetch(path);
-  if (!response.ok) throw new Error(`${path}: the host answered ${response.status}`);
-  return response.json();
+async function importRuntime(device) {
+  if (IN_NODE) return import("onnxruntime-node");
+  wrapConsole();
+  return device === "webgpu" ? import("onnxruntime-web/webgpu") : import("onnxruntime-web/wasm");
 }
 
-async function start() {
-  const site = await json("site.json");
-  Object.assign(api, { site, voices: site.voices });
-  if (site.refused) throw new Error(site.refused);
-  Object.assign(api, await chooseProvider());
-  ort = await import(BUILDS[api.provider]);
-  api.ort = ort;
-  // Threads need SharedArrayBuffer, which browsers give only to cross-origin isolated pages (COOP + COEP).
-  ort.env.wasm.numThreads = globalThis.crossOriginIsolated ? Math.min(navigator.hardwareConcurrency || 1, 4) : 1;
-  api.threads = ort.env.wasm.numThreads;
-  api.manifest = await json(`${site.bundle}/manifest.json`);
-  // The record of `vibevoice-onnx web --check` (this site's page held to the Python runtime in Chromium):
-  // {passed: null} until it runs.
-  api.browserGates = await json("browser-gates.json");
-  api.tokenizer = new Tokenizer(await json(`${site.bundle}/${api.manifest.tokenizer.file}`), {});
-  return api;
-}
-
-api.tokenize = (text) => api.tokenizer.encode(text, { add_special_tokens: false }).ids;
-
-// onnxruntime's WebAssembly binds the console when it loads, so the console is wrapped before it loads: while
-// api.placement listens, what is written to it is kept there instead.
-let listening = null;
-for (const level of ["log", "warn", "error"]) {
-  const write = console[level].bind(console);
-  console[level] = (...args) => (listening ? listening.push(args.join(" ")) : write(...args));
-}
-
-// A new session of graph `name` on the page's provider (WebGPU with WASM for the nodes it has no kernel for).
-function createSession(name, extra = {}) {
-  const graph = api.site.graphs[name];
-  if (!graph) throw new Error(`the bundle has no '${name}' graph`);
-  // Errors only in the console: on WebGPU onnxruntime warns, for every graph, that it keeps the shape arithmetic
-  // on WASM; api.placement says where each node runs.
-  const options = { executionProviders: api.provider === "webgpu" ? ["webgpu", "wasm"] : ["wasm"],
-                    graphOptimizationLevel: "all", logSeverityLevel: 3, ...extra };
-  if (graph.data) options.externalData = [{ path: graph.data, data: `${api.site.bundle}/${graph.data}` }];
-  return ort.InferenceSession.create(`${api.site.bundle}/${graph.file}`, options);
-}
-
-api.session = (name) => {
-  if (!api.sessions.has(name)) api.sessions.set(name, createSession(name));
-  return api.sessions.get(name);
-};
-
-// Where onnxruntime places graph `name`'s nodes on the page's provider: {provider: {nodes, ops: {op type: count}}}
-// (ops where onnxruntime lists them: for a provider that got only some of the nodes). Read from onnxruntime's
-// verbose log of a fresh session, which it writes to the console.
-api.placement = async (name) => {
-  const lines = [];
-  listening = lines;
-  try {
-    await createSession(name, { logSeverityLevel: 0, logVerbosityLevel: 0 });
-  } finally {
-    listening = null;
-  }
-  const placed = {};
-  let current = null;
-  for (const line of lines.flatMap((l) => l.split("\n"))) {
-    const all = /All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
-    const some = /Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
-    const node = /^\s+(\w+) \(/.exec(line.replace(/^.*\] /, ""));
-    if (all || some) {
-      const [, provider, count] = all || some;
-      placed[provider] = { nodes: Number(count), ops: {} };
-      current = some ? placed[provider] : null; // a split lists its nodes next, a line each
-    } else if (current && node) {
-      current.ops[node[1]] = (current.ops[node[1]] ?? 0) + 1;
-    } else {
-      current = null;
-    }
-  }
-  return placed;
-};
-
-function fromWire({ type, dims, data }) {
+function fromWire(ort, { type, dims, data }) {
   const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
   return new ort.Tensor(type, new ARRAYS[type](bytes.buffer), dims);
 }
@@ -120,26 +248,212 @@ function toWire(tensor) {
   return { type: tensor.type, dims: Array.from(tensor.dims), data: btoa(text) };
 }
 
-// One call of graph `name`, its session.run time kept in api.timings.
-async function call(name, feeds, fetches) {
-  const session = await api.session(name), start = performance.now(), outputs = await session.run(feeds, fetches);
-  (api.timings[name] ??= []).push(performance.now() - start);
-  return outputs;
+// In Node.js onnxruntime opens graphs by path, their external data beside them under the names the graph records:
+// a bundle in a folder is opened where it is (once checked); a fetched one from a folder of links to the kept
+// files, named as the bundle names them.
+async function nodeFolder(files, names) {
+  const [fs, path, url, os] = await Promise.all(["fs/promises", "path", "url", "os"].map(nodeImport));
+  if (files.base.protocol === "file:") {
+    for (const name of names) await files.bytes(name); // checked where they are
+    return { folder: url.fileURLToPath(files.base), temporary: false };
+  }
+  const temporary = !files.store.root;
+  const folder = temporary ? await fs.mkdtemp(path.join(os.tmpdir(), "vibevoice-onnx-")) : files.store.file(`bundles/${files.key}`);
+  try {
+    for (const name of names) {
+      const bytes = await files.bytes(name), target = path.join(folder, ...name.split("/")); // checked, kept by sha256
+      const kept = files.store.root && files.store.file(`sha256/${files.record(name).sha256}`);
+      await fs.mkdir(path.dirname(target), { recursive: true });
+      if (temporary) await fs.writeFile(target, bytes);
+      else if (!(await fs.stat(target).catch(() => null))) await fs.link(kept, target).catch(() => fs.copyFile(kept, target));
+    }
+  } catch (error) {
+    if (temporary) await fs.rm(folder, { recursive: true, force: true });
+    throw error;
+  }
+  return { folder, temporary };
 }
 
-api.run = async (name, feeds, fetches) => {
-  const inputs = Object.fromEntries(Object.entries(feeds).map(([key, value]) => [key, fromWire(value)]));
-  const outputs = await call(name, inputs, fetches);
-  return Object.fromEntries(Object.entries(outputs).map(([key, value]) => [key, toWire(value)]));
-};
+// ---- the model ------------------------------------------------------------------------------------------------
+export class VibeVoice {
+  /** The realtime bundle at `bundle` (a base URL; in Node.js also a folder), its sessions ready. Rejects, with one
+   * sentence, a bundle `speak` would refuse, a file that is not the one its manifest records, and a host that
+   * cannot be reached with nothing kept from an earlier load. */
+  static async load(bundle, { device = "auto", threads, onProgress = null, cache = true, cacheDir, ort } = {}) {
+    const base = baseUrl(bundle), where = String(base).replace(/\/$/, "");
+    const store = IN_NODE ? await NodeStore.open(cache, cacheDir) : await BrowserStore.open(cache);
+    const manifest = await readManifest(base, store);
+    checkRunnable(where, manifest);
+    const graphs = Object.values(manifest.graphs ?? {}), voices = Object.keys(manifest.files ?? {})
+      .filter((n) => /^voices\/[^/]+\.safetensors$/.test(n)).map((n) => n.slice(7, -12)).sort();
+    const needed = [manifest.tokenizer.file, manifest.host_tensors,
+      ...graphs.flatMap((g) => [g.file, g.external_data].filter(Boolean))];
+    const total = needed.reduce((sum, name) => sum + (manifest.files[name]?.size ?? 0), 0), done = new Map();
+    const progress = (file, loaded, size) => {
+      if (!onProgress || done.get(file) === loaded || !needed.includes(file)) return;
+      done.set(file, loaded);
+      onProgress({ file, loaded: [...done.values()].reduce((a, b) => a + b, 0), total, fileLoaded: loaded, fileSize: size });
+    };
+    const files = new BundleFiles(base, manifest, store, progress);
+    files.key = (await sha256Of(new TextEncoder().encode(JSON.stringify(manifest)))).slice(0, 32);
+    const chosen = await chooseDevice(device);
+    const runtime = ort ?? await importRuntime(chosen.device);
+    const tts = new VibeVoice({ where, manifest, files, voices, ort: runtime, ...chosen });
+    tts.threads = tts.setThreads(threads);
+    const started = performance.now();
+    try {
+      if (IN_NODE) tts.folder = await nodeFolder(files, needed);
+      tts.tokenizer = new Tokenizer(await files.json(manifest.tokenizer.file), {});
+      tts.host = await readSafetensors(await files.bytes(manifest.host_tensors), manifest.host_tensors);
+      for (const name of Object.keys(manifest.graphs)) tts.sessions.set(name, await tts.createSession(name));
+    } catch (error) {
+      await tts.close(); // nothing left behind: sessions made so far, a temporary folder
+      throw error;
+    }
+    tts.timings.ready = performance.now() - started;
+    return tts;
+  }
 
+  constructor(fields) {
+    Object.assign(this, fields, { sessions: new Map(), voiceCache: new Map(), timings: {} });
+    this.gates = !this.manifest.parity ? "not verified" : this.manifest.parity.passed ? "passed" : "failed";
+    this.precision = this.manifest.precision;
+  }
+
+  // Threads: WASM's need SharedArrayBuffer, which browsers give only to cross-origin isolated pages (COOP + COEP).
+  setThreads(threads) {
+    if (threads !== undefined && !(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: a whole number from 1`);
+    if (IN_NODE) return threads ?? null; // onnxruntime-node's own default: the machine's cores
+    const most = globalThis.crossOriginIsolated ? (navigator.hardwareConcurrency || 1) : 1;
+    this.ort.env.wasm.numThreads = Math.min(threads ?? Math.min(most, 4), most);
+    return this.ort.env.wasm.numThreads;
+  }
+
+  /** A new session of graph `name` on the chosen device (WebGPU with WASM for the nodes it has no kernel for). */
+  async createSession(name, extra = {}) {
+    const graph = this.manifest.graphs[name];
+    if (!graph) throw new Error(`the bundle has no '${name}' graph`);
+    // Errors only in the console: on WebGPU onnxruntime warns, for every graph, that it keeps the shape arithmetic
+    // on WASM; placement() says where each node runs.
+    const options = { graphOptimizationLevel: "all", logSeverityLevel: 3, ...extra };
+    if (IN_NODE) {
+      const path = await nodeImport("path");
+      return this.ort.InferenceSession.create(path.join(this.folder.folder, ...graph.file.split("/")),
+        { ...options, executionProviders: ["cpu"], ...(this.threads ? { intraOpNumThreads: this.threads } : {}) });
+    }
+    options.executionProviders = this.device === "webgpu" ? ["webgpu", "wasm"] : ["wasm"];
+    if (graph.external_data) options.externalData = [{ path: graph.external_data, data: await this.files.bytes(graph.external_data) }];
+    return this.ort.InferenceSession.create(await this.files.bytes(graph.file), options);
+  }
+
+  session(name) {
+    if (!this.sessions.has(name)) throw new Error(`the bundle has no '${name}' graph`);
+    return this.sessions.get(name);
+  }
+
+  /** The sessions released (their memory given back); the model cannot speak after. */
+  async close() {
+    for (const session of this.sessions.values()) await session.release?.();
+    this.sessions.clear();
+    if (this.folder?.temporary) await (await nodeImport("fs/promises")).rm(this.folder.folder, { recursive: true, force: true });
+  }
+
+  tokenize(text) { return this.tokenizer.encode(text, { add_special_tokens: false }).ids; }
+
+  normalise(text) { return normaliseText(text); }
+
+  // One call of graph `name`, its session.run time kept in timings.
+  async call(name, feeds, fetches) {
+    const session = this.session(name), start = performance.now(), outputs = await session.run(feeds, fetches);
+    (this.timings[name] ??= []).push(performance.now() - start);
+    return outputs;
+  }
+
+  // A call with arrays in the wire form ({type, dims, data: base64}): what the parity gates replay.
+  async run(name, feeds, fetches) {
+    const inputs = Object.fromEntries(Object.entries(feeds).map(([key, value]) => [key, fromWire(this.ort, value)]));
+    const outputs = await this.call(name, inputs, fetches);
+    return Object.fromEntries(Object.entries(outputs).map(([key, value]) => [key, toWire(value)]));
+  }
+
+  // Where onnxruntime places graph `name`'s nodes: {provider: {nodes, ops: {op type: count}}} (ops where onnxruntime
+  // lists them: for a provider that got only some of the nodes). Read from its verbose log of a fresh session,
+  // which it writes to the console (a page's only).
+  async placement(name) {
+    const lines = [];
+    listening = lines;
+    try {
+      await (await this.createSession(name, { logSeverityLevel: 0, logVerbosityLevel: 0 })).release?.();
+    } finally {
+      listening = null;
+    }
+    const placed = {};
+    let current = null;
+    for (const line of lines.flatMap((l) => l.split("\n"))) {
+      const all = /All nodes placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
+      const some = /Node\(s\) placed on \[(\w+)\]\. Number of nodes: (\d+)/.exec(line);
+      const node = /^\s+(\w+) \(/.exec(line.replace(/^.*\] /, ""));
+      if (all || some) {
+        const [, provider, count] = all || some;
+        placed[provider] = { nodes: Number(count), ops: {} };
+        current = some ? placed[provider] : null; // a split lists its nodes next, a line each
+      } else if (current && node) {
+        current.ops[node[1]] = (current.ops[node[1]] ?? 0) + 1;
+      } else {
+        current = null;
+      }
+    }
+    return placed;
+  }
+
+  async voice(name) {
+    if (!this.voices.includes(name)) throw new Error(`no voice '${name}' in this bundle (it has ${this.voices.join(", ") || "none"})`);
+    if (!this.voiceCache.has(name)) {
+      const file = `voices/${name}.safetensors`, tensors = await readSafetensors(await this.files.bytes(file), file);
+      const layers = (prefix) => {
+        const flat = [];
+        for (let i = 0; `${prefix}.${i}.key` in tensors; i++) flat.push(tensors[`${prefix}.${i}.key`], tensors[`${prefix}.${i}.value`]);
+        return flat;
+      };
+      this.voiceCache.set(name, { lm: layers("lm"), ttsLm: layers("tts_lm"), negTtsLm: layers("neg_tts_lm"),
+                                  positive: tensors.tts_condition.data, negative: tensors.neg_condition.data });
+    }
+    return this.voiceCache.get(name);
+  }
+
+  schedule(steps) { return schedule(steps); }
+
+  sampleLatent(options) { return sampleLatent(this, options); }
+
+  /** Speech of `text` (a string, or a stream's feed): the realtime loop, each latent decoded as it comes. */
+  speak(text, options = {}) { return speak(this, text, options); }
+
+  /** Speech of text fed in pieces while the loop runs: {feed(piece), finish(), ids(), done}, `done` speak's promise. */
+  stream(options = {}) {
+    const text = new TextFeed(this);
+    return { feed: (piece) => text.feed(piece), finish: () => text.finish(), ids: () => text.ids.slice(),
+             done: speak(this, text, options) };
+  }
+
+  /** Playback from the first decoded frame in a page: {context, play(chunk)}, an AudioWorklet at 24 kHz. */
+  async player() {
+    if (!this.audio) {
+      const context = new AudioContext({ sampleRate: SAMPLE_RATE });
+      await context.audioWorklet.addModule(URL.createObjectURL(new Blob([PLAYER], { type: "text/javascript" })));
+      const node = new AudioWorkletNode(context, "vibevoice-player");
+      node.connect(context.destination);
+      this.audio = { context, play: (chunk) => node.port.postMessage(chunk) };
+    }
+    await this.audio.context.resume();
+    return this.audio;
+  }
+}
 // DPM-Solver++ as the Python runtime runs it (vibevoice_onnx.sampling, facts sheet 4.1): 1000 training steps,
 // cosine betas, v-prediction, order 2 with the midpoint rule, first order on the first and the final step, final
 // sigma zero. Its arithmetic is fp32 there, so every scalar operation here is rounded to fp32 (Math.fround).
-const f = Math.fround;
 const TRAIN_STEPS = 1000;
 
-api.schedule = (steps) => {
+function schedule(steps) {
   if (!(steps >= 1 && steps < TRAIN_STEPS)) throw new Error(`diffusion steps must be from 1 to ${TRAIN_STEPS - 1}, got ${steps}`);
   const alphaBar = (t) => Math.cos(((t + 0.008) / 1.008) * Math.PI / 2) ** 2;
   const sigmaTable = new Float32Array(TRAIN_STEPS);
@@ -156,7 +470,7 @@ api.schedule = (steps) => {
   const sigmas = new Float32Array(steps + 1); // the table at integer timesteps; the last is 0
   timesteps.forEach((t, k) => { sigmas[k] = sigmaTable[t]; });
   return { timesteps, sigmas };
-};
+}
 
 function roundHalfEven(value) {
   const floor = Math.floor(value), fraction = value - floor;
@@ -172,21 +486,21 @@ const lambda = (sigmas, k) => { const [a, s] = alphaSigma(sigmas, k); return f(f
 
 // One latent from its (positive, negative) conditions and its noise: the head conditioned once for every step
 // (timestep-major rows: positive, negative), then a step per timestep on [x, x], guided by cfgScale.
-api.sampleLatent = async ({ positive, negative, noise, cfgScale, steps }) => {
-  const { timesteps, sigmas } = api.schedule(steps);
+async function sampleLatent(tts, { positive, negative, noise, cfgScale, steps }) {
+  const { timesteps, sigmas } = schedule(steps), ort = tts.ort;
   const width = positive.length, size = noise.length;
   const condition = new Float32Array(2 * steps * width), times = new Float32Array(2 * steps);
   timesteps.forEach((t, k) => {
     condition.set(positive, 2 * k * width); condition.set(negative, (2 * k + 1) * width);
     times[2 * k] = times[2 * k + 1] = t;
   });
-  const { modulation } = await call("diffusion_head_conditioning", { timesteps: new ort.Tensor("float32", times, [2 * steps]),
+  const { modulation } = await tts.call("diffusion_head_conditioning", { timesteps: new ort.Tensor("float32", times, [2 * steps]),
     condition: new ort.Tensor("float32", condition, [2 * steps, width]) });
   const rows = modulation.dims[1];
   let x = Float32Array.from(noise), previous = null;
   for (let k = 0; k < steps; k++) {
     const noisy = new Float32Array(2 * size); noisy.set(x); noisy.set(x, size);
-    const { velocity } = await call("diffusion_head_step", { noisy_latents: new ort.Tensor("float32", noisy, [2, size]),
+    const { velocity } = await tts.call("diffusion_head_step", { noisy_latents: new ort.Tensor("float32", noisy, [2, size]),
       modulation: new ort.Tensor("float32", modulation.data.subarray(2 * k * rows, (2 * k + 2) * rows), [2, rows]) });
     const [alpha, sigmaHat] = alphaSigma(sigmas, k), x0 = new Float32Array(size);
     for (let i = 0; i < size; i++) {
@@ -198,7 +512,7 @@ api.sampleLatent = async ({ positive, negative, noise, cfgScale, steps }) => {
     previous = x0;
   }
   return x;
-};
+}
 
 function solverStep(sigmas, k, steps, x, x0, previous) {
   const [alphaT, sigmaT] = alphaSigma(sigmas, k + 1), [, sigmaS] = alphaSigma(sigmas, k);
@@ -215,8 +529,8 @@ function solverStep(sigmas, k, steps, x, x0, previous) {
 }
 
 // ---- safetensors: the bundle's host tensors and voices, as float32 -------------------------------------------
-function toFloat32(dtype, buffer, begin, end) {
-  const bytes = buffer.slice(begin, end);
+function toFloat32(dtype, data, begin, end) {
+  const bytes = Uint8Array.prototype.slice.call(data, begin, end).buffer; // a copy (Node's Buffer.slice is a view)
   if (dtype === "F32") return new Float32Array(bytes);
   if (dtype === "BF16") {
     const halves = new Uint16Array(bytes), words = new Uint32Array(halves.length);
@@ -232,57 +546,39 @@ function toFloat32(dtype, buffer, begin, end) {
     }
     return out;
   }
-  throw new Error(`a tensor of type ${dtype}, which the page does not read`);
+  throw new Error(`a tensor of type ${dtype}, which this module does not read`);
 }
 
-async function safetensors(path) {
-  const response = await fetch(path);
-  if (!response.ok) throw new Error(`${path}: the host answered ${response.status}`);
-  const buffer = await response.arrayBuffer();
-  const length = Number(new DataView(buffer).getBigUint64(0, true));
-  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 8, length)));
+
+function readSafetensors(bytes, name) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const length = Number(view.getBigUint64(0, true));
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + length)));
   const tensors = {};
-  for (const [name, t] of Object.entries(header)) {
-    if (name === "__metadata__") continue;
-    tensors[name] = { dims: t.shape, data: toFloat32(t.dtype, buffer, 8 + length + t.data_offsets[0], 8 + length + t.data_offsets[1]) };
+  for (const [key, t] of Object.entries(header)) {
+    if (key === "__metadata__") continue;
+    tensors[key] = { dims: t.shape, data: toFloat32(t.dtype, bytes, 8 + length + t.data_offsets[0], 8 + length + t.data_offsets[1]) };
   }
+  if (!Object.keys(tensors).length) throw new Error(`${name}: holds no tensor`);
   return tensors;
-}
-
-async function host() {
-  api.host ??= safetensors(`${api.site.bundle}/${api.manifest.host_tensors}`);
-  return api.host;
-}
-
-async function loadVoice(name) {
-  if (!api.voices.includes(name)) throw new Error(`no voice '${name}' in this bundle (it has ${api.voices.join(", ")})`);
-  const tensors = await safetensors(`${api.site.bundle}/voices/${name}.safetensors`);
-  const layers = (prefix) => {
-    const flat = [];
-    for (let i = 0; `${prefix}.${i}.key` in tensors; i++) flat.push(tensors[`${prefix}.${i}.key`], tensors[`${prefix}.${i}.value`]);
-    return flat;
-  };
-  return { lm: layers("lm"), ttsLm: layers("tts_lm"), negTtsLm: layers("neg_tts_lm"),
-           positive: tensors.tts_condition.data, negative: tensors.neg_condition.data };
 }
 
 // ---- an LM stream: one row, its cache grown call by call (the graph returns past + the new positions) ----------
 class LmStream {
-  constructor(name, layers) {
-    this.name = name;
-    this.past = layers.map((t) => new ort.Tensor("float32", t.data, t.dims));
-    this.length = layers[0].dims[2];
+  constructor(tts, name, layers) {
+    Object.assign(this, { tts, name, length: layers[0].dims[2] });
+    this.past = layers.map((t) => new tts.ort.Tensor("float32", t.data, t.dims));
   }
 
   async step(embeds, count, width) { // embeds [count, width] -> the hidden states [count, width]
-    const session = await api.session(this.name);
+    const { ort } = this.tts, session = this.tts.session(this.name);
     const positions = new BigInt64Array(count).map((_, i) => BigInt(this.length + i));
     const feeds = { inputs_embeds: new ort.Tensor("float32", embeds, [1, count, width]),
       position_ids: new ort.Tensor("int64", positions, [1, count]),
       seqlens_k: new ort.Tensor("int32", Int32Array.of(this.length + count - 1), [1]),
       total_sequence_length: new ort.Tensor("int32", Int32Array.of(this.length + count), []) };
     session.inputNames.slice(4).forEach((name, i) => { feeds[name] = this.past[i]; });
-    const outputs = await call(this.name, feeds);
+    const outputs = await this.tts.call(this.name, feeds);
     this.past = session.outputNames.slice(1).map((name) => outputs[name]);
     this.length += count;
     return outputs[session.outputNames[0]].data;
@@ -294,10 +590,7 @@ class LmStream {
 }
 
 const add = (a, b) => a.map((x, i) => f(x + b[i]));
-const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64;
-const CONTROLS = /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g;
-// The demo's quotes, as the Python runtime replaces them (text._QUOTES).
-const withQuotes = (text) => text.replaceAll("\u2019", "'").replaceAll("\u201c", '"').replaceAll("\u201d", '"');
+const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64, SAMPLE_RATE = 24000;
 
 // Noise rows given (frames x 64, as `speak --noise` takes them): frame k's row, or an error past the last.
 function rowsOf(noise) {
@@ -308,8 +601,8 @@ function rowsOf(noise) {
   };
 }
 
-// Noise from a seed, frame by frame: the page's own generator (xorshift128 and Box-Muller), reproducible in the
-// page but not the Python runtime's numpy stream: for speech equal to Python's, pass its noise rows.
+// Noise from a seed, frame by frame: this module's own generator (xorshift128 and Box-Muller), reproducible here
+// but not the Python runtime's numpy stream: for speech equal to Python's, pass its noise rows.
 function seededNoise(seed) {
   return (frame) => {
     let a = (seed ^ 0x9e3779b9) >>> 0, b = (frame * 0x85ebca6b + 0x27d4eb2f) >>> 0 || 1, c = 0x165667b1, d = 0xd3a2646c;
@@ -327,37 +620,29 @@ function seededNoise(seed) {
   };
 }
 
-// The text as the Python runtime reads it (text.normalise_tts_text): controls out, stripped, the demo's quotes
-// replaced, stripped, a newline after.
-api.normalise = (text) => {
-  const out = withQuotes(text.replace(CONTROLS, "").trim()).trim();
-  if (!out) throw new Error("the text has nothing to speak (it is empty, or only whitespace and control characters)");
-  return `${out}\n`;
-};
-
 // Text that arrives in pieces (an LLM's tokens), handed to the loop as 5-token windows, with the ids of the whole
 // text whatever the split (text.TextFeed's rule): a token is settled once it ends before the last whitespace run
 // that has text after it, where the tokenizer's pre-tokens cannot change whatever comes next.
 class TextFeed {
-  constructor() { this.text = ""; this.ids = []; this.handed = 0; this.finished = false; this.wake = () => {}; }
+  constructor(tts) { Object.assign(this, { tts, text: "", ids: [], handed: 0, finished: false, wake: () => {} }); }
 
   feed(piece) {
     if (this.finished) throw new Error("this text is already finished: no more pieces can be added");
     this.text += String(piece).replace(CONTROLS, "");
-    const prepared = withQuotes(this.text).trimStart();
-    const end = prepared.trimEnd().length;
+    const prepared = withQuotes(this.text).replace(LEADING, "");
+    const end = prepared.replace(TRAILING, "").length;
     let cut = -1;
-    for (let i = end - 1; i >= 0; i--) if (/\s/.test(prepared[i])) { cut = i; break; }
+    for (let i = end - 1; i >= 0; i--) if (isSpace(prepared[i])) { cut = i; break; }
     if (cut >= 0) {
-      while (cut > 0 && /\s/.test(prepared[cut - 1])) cut -= 1;
-      this.extend(api.tokenize(prepared.slice(0, cut)));
+      while (cut > 0 && isSpace(prepared[cut - 1])) cut -= 1;
+      this.extend(this.tts.tokenize(prepared.slice(0, cut)));
     }
     this.wake();
   }
 
   finish() {
     if (this.finished) return;
-    this.extend(api.tokenize(api.normalise(this.text)));
+    this.extend(this.tts.tokenize(normaliseText(this.text)));
     this.finished = true;
     this.wake();
   }
@@ -376,31 +661,27 @@ class TextFeed {
   }
 }
 
-// Speech of text that streams in: {feed(piece), finish(), done} where `done` is speak's promise; audio leaves
-// through onAudio as it is decoded, and the loop waits for each window as the Python runtime's text_stream does.
-api.speakStream = (options = {}) => {
-  const text = new TextFeed();
-  return { feed: (piece) => text.feed(piece), finish: () => text.finish(), ids: () => text.ids.slice(),
-           done: api.speak(text, options) };
-};
-
 // Speech of `text` with `voice`: the realtime loop (generation/realtime.py's `_latents`), each latent decoded as it
 // comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
-// runtime's speech, exactly); else `seed` (the page's own generator; random without one). `onAudio(chunk)` is
+// runtime's speech, exactly); else `seed` (this module's generator; random without one). `onAudio(chunk)` is
 // called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
-api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) => {
+async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) {
+  const { ort } = tts;
+  if (maxFrames !== null && !(Number.isInteger(maxFrames) && maxFrames >= 1)) throw new Error(`maxFrames ${maxFrames}: a whole number from 1 (or null: until the model ends)`);
+  if (!(Number.isInteger(steps) && steps >= 1)) throw new Error(`steps ${steps}: a whole number of diffusion steps from 1`);
+  if (!(Number.isFinite(cfgScale) && cfgScale > 0)) throw new Error(`cfgScale ${cfgScale}: a positive number`);
   const noiseOf = noise ? rowsOf(noise) : seededNoise(seed ?? Math.floor(Math.random() * 2 ** 32));
   const feed = text instanceof TextFeed ? text : null;
-  const ids = feed ? null : api.tokenize(api.normalise(text));
-  const tensors = await host(), prompt = await loadVoice(voice ?? api.voices[0]);
+  const ids = feed ? null : tts.tokenize(normaliseText(text));
+  const tensors = tts.host, prompt = await tts.voice(voice ?? tts.voices[0]);
   const table = tensors.embed_tokens, width = table.dims[1], types = tensors.tts_input_types.data;
   const scale = tensors.speech_scaling_factor.data[0], bias = tensors.speech_bias_factor.data[0];
   const textType = types.slice(width, 2 * width), speechType = types.slice(0, width);
-  const maxPositions = api.site.max_positions;
-  const lower = new LmStream("lower_lm", prompt.lm), positive = new LmStream("upper_lm", prompt.ttsLm);
-  const negative = new LmStream("upper_lm", prompt.negTtsLm);
+  const maxPositions = tts.manifest.config.decoder_config?.max_position_embeddings ?? 32768; // checkpoints.configs
+  const lower = new LmStream(tts, "lower_lm", prompt.lm), positive = new LmStream(tts, "upper_lm", prompt.ttsLm);
+  const negative = new LmStream(tts, "upper_lm", prompt.negTtsLm);
   let hPos = prompt.positive, hNeg = prompt.negative;
-  const decoder = api.manifest.graphs.acoustic_decoder_stream;
+  const decoder = tts.manifest.graphs.acoustic_decoder_stream;
   let state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`,
     new ort.Tensor("float32", new Float32Array(s.channels * s.length), [1, s.channels, s.length])]));
   const chunks = [];
@@ -421,28 +702,28 @@ api.speak = async (text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5,
       hPos = await positive.last(lowerHidden.map((x, i) => f(x + textType[i % width])), window.length, width);
     }
     for (let n = 0; n < SPEECH_WINDOW; n++) {
-      const z = await api.sampleLatent({ positive: hPos, negative: hNeg, noise: noiseOf(frames), cfgScale, steps });
+      const z = await sampleLatent(tts, { positive: hPos, negative: hNeg, noise: noiseOf(frames), cfgScale, steps });
       frames += 1;
       const unscaled = z.map((x) => f(f(x / scale) - bias));
-      const decoded = await call("acoustic_decoder_stream", { latents: new ort.Tensor("float32", unscaled, [1, 1, LATENT]), ...state });
+      const decoded = await tts.call("acoustic_decoder_stream", { latents: new ort.Tensor("float32", unscaled, [1, 1, LATENT]), ...state });
       state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`, decoded[`new_state.${s.name}`]]));
       chunks.push(decoded.audio.data);
       if (onAudio) onAudio(decoded.audio.data);
       if (maxFrames !== null && frames >= maxFrames) { stopReason = "max_frames"; break; }
-      const connected = await call("acoustic_connector", { latents: new ort.Tensor("float32", z, [1, 1, LATENT]) });
+      const connected = await tts.call("acoustic_connector", { latents: new ort.Tensor("float32", z, [1, 1, LATENT]) });
       const feedback = add(connected[Object.keys(connected)[0]].data, speechType);
       if (positive.length + 1 > maxPositions) { stopReason = "max_length"; break; }
       hPos = await positive.last(feedback, 1, width);
       hNeg = await negative.last(feedback, 1, width);
-      const eos = await call("eos_classifier", { hidden_states: new ort.Tensor("float32", hPos, [1, width]) });
+      const eos = await tts.call("eos_classifier", { hidden_states: new ort.Tensor("float32", hPos, [1, width]) });
       const logit = eos[Object.keys(eos)[0]].data[0];
       if (1 / (1 + Math.exp(-logit)) > 0.5) { stopReason = "eos"; break; }
     }
   }
   const samples = new Float32Array(chunks.reduce((n, c) => n + c.length, 0));
   chunks.reduce((at, c) => { samples.set(c, at); return at + c.length; }, 0);
-  return { samples, sampleRate: 24000, frames, stopReason };
-};
+  return { samples, sampleRate: SAMPLE_RATE, frames, stopReason };
+}
 
 // Playback from the first decoded frame: an AudioWorklet at the model's 24 kHz that plays chunks as they arrive.
 const PLAYER = `registerProcessor("vibevoice-player", class extends AudioWorkletProcessor {
@@ -457,18 +738,5 @@ const PLAYER = `registerProcessor("vibevoice-player", class extends AudioWorklet
   }
 });`;
 
-api.player = async () => {
-  if (!api.audio) {
-    const context = new AudioContext({ sampleRate: 24000 });
-    await context.audioWorklet.addModule(URL.createObjectURL(new Blob([PLAYER], { type: "text/javascript" })));
-    const node = new AudioWorkletNode(context, "vibevoice-player");
-    node.connect(context.destination);
-    api.audio = { context, play: (chunk) => node.port.postMessage(chunk) };
-  }
-  await api.audio.context.resume();
-  return api.audio;
-};
 
-api.ready = start();
-globalThis.vibevoice = api;
-export default api;
+export default VibeVoice;

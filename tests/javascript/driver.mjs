@@ -1,0 +1,33 @@
+// What tests/test_javascript.py asks of the module in Node.js, as a user's program imports it (the package npm
+// installed from `npm pack`): a JSON request on stdin, a JSON answer on stdout ({error} for a rejection).
+import { VibeVoice, isSpace, normaliseText } from "vibevoice-onnx";
+
+const chunks = [];
+for await (const chunk of process.stdin) chunks.push(chunk);
+const request = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+
+async function answer({ action, bundle, options = {}, text, texts, speak = {}, calls = [] }) {
+  if (action === "text") {
+    const spaces = [];
+    for (let c = 0; c <= 0x10ffff; c++) if (isSpace(String.fromCodePoint(c))) spaces.push(c);
+    const normalised = texts.map((t) => { try { return normaliseText(t); } catch (e) { return { error: e.message }; } });
+    return { spaces, normalised };
+  }
+  const progress = [];
+  const tts = await VibeVoice.load(bundle, { ...options, onProgress: (p) => progress.push(p) });
+  try {
+    const out = { voices: tts.voices, gates: tts.gates, device: tts.device, progress };
+    if (action === "tokenize") out.ids = texts.map((t) => tts.tokenize(t));
+    if (action === "calls") out.outputs = await Promise.all(calls.map(({ name, feeds, fetches }) => tts.run(name, feeds, fetches)));
+    if (action === "speak") {
+      const result = await tts.speak(text, speak);
+      Object.assign(out, { samples: Array.from(result.samples), rate: result.sampleRate, frames: result.frames,
+                           stop: result.stopReason });
+    }
+    return out;
+  } finally {
+    await tts.close();
+  }
+}
+
+process.stdout.write(JSON.stringify(await answer(request).catch((e) => ({ error: e.message }))));
