@@ -140,19 +140,12 @@ def test_every_graph_call_in_node_gives_the_python_outputs(project, tiny_bundle,
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
 
 
-# The int8 loop in JavaScript against Python's: every graph call is the same (above), but the sampler's scalars
-# (log and exp of the schedule) are rounded correctly in JavaScript and by numpy's float32 approximations in Python,
-# an ulp apart on some steps; int8's activation rounding carries that on (measured on the tiny bundle: cosine
-# 0.99540, gain 0.99998). Its loop is judged on frames and gain at the page's limits, on direction at this floor.
-INT8_LOOP_COSINE_IN_NODE = 0.99
-
-
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_node_speaks_what_python_speaks_with_the_same_noise(project, tiny_bundle, tiny_int8_bundle, precision):
     """The whole loop in Node.js against the Python runtime on the same text, voice and noise rows (`speak
-    --noise`), judged as `web --check` judges the page (the same frames, cosine and gain within its limits; int8's
-    cosine at INT8_LOOP_COSINE_IN_NODE). Node.js's onnxruntime computes as Python's does, so the Python side keeps
-    its own arithmetic."""
+    --noise`), judged as `web --check` judges the page: the same frames, cosine and gain within its limits. Node.js's
+    onnxruntime computes as Python's does, so the Python side keeps its own arithmetic (measured: fp32 bit for bit;
+    int8 cosine 0.99960, gain 1.00035)."""
     from vibevoice_onnx.web.check import LOOP_FRAMES, loop_verdict, whole_loop
 
     bundle = {"fp32": tiny_bundle, "int8": tiny_int8_bundle}[precision]
@@ -160,10 +153,7 @@ def test_node_speaks_what_python_speaks_with_the_same_noise(project, tiny_bundle
         loop = whole_loop(node_speaker(project, url), bundle, "synthetic", arithmetic=contextlib.nullcontext)
     print(precision, f"cosine {loop['cosine']:.9f}", f"max|Δ| {loop['difference']:.2e} of scale", f"gain {loop['gain']:.9f}")
     assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
-    if precision == "fp32":
-        assert loop_verdict(loop, precision)["passed"]
-    else:
-        assert loop["cosine"] >= INT8_LOOP_COSINE_IN_NODE and loop_verdict({**loop, "cosine": 1.0}, precision)["passed"]
+    assert loop_verdict(loop, precision)["passed"]
 
 
 def test_a_loop_louder_or_quieter_than_pythons_fails_the_gate_a_cosine_would_pass(project, tiny_bundle, tmp_path):

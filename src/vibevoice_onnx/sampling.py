@@ -28,6 +28,13 @@ def cosine_betas(train_steps: int = 1000, max_beta: float = 0.999) -> np.ndarray
     return np.asarray(betas, dtype=F32)
 
 
+def rounded(function, value) -> np.float32:
+    """`function` (log or exp) of an fp32 scalar in double, rounded once to fp32: the correctly rounded result, on
+    every CPU. numpy's float32 log and exp are SIMD approximations (an ulp off on some inputs, and which inputs
+    depends on the instruction set), and JavaScript's loop rounds Math.log and Math.exp this way (web/static)."""
+    return F32(function(np.float64(value)))
+
+
 @dataclass(frozen=True)
 class DpmSolverSchedule:
     """Timesteps and per-step constants of an N-step DPM-Solver++(2M) run."""
@@ -60,7 +67,7 @@ class DpmSolverSchedule:
 
     def lam(self, k: int) -> np.float32:
         alpha, sigma_hat = self.alpha_sigma(k)
-        return np.log(alpha) - np.log(sigma_hat)
+        return rounded(np.log, alpha) - rounded(np.log, sigma_hat)
 
     def to_x0(self, k: int, x: np.ndarray, v: np.ndarray) -> np.ndarray:
         """v-prediction -> data prediction at step k."""
@@ -74,7 +81,7 @@ class DpmSolverSchedule:
         alpha_t, sigma_t = self.alpha_sigma(k + 1)
         _, sigma_s = self.alpha_sigma(k)
         h = self.lam(k + 1) - self.lam(k)
-        coeff = alpha_t * (np.exp(-h) - F32(1.0))
+        coeff = alpha_t * (rounded(np.exp, -h) - F32(1.0))
         x_next = (sigma_t / sigma_s) * x - coeff * x0
         if x0_prev is not None and k > 0 and k < self.steps - 1:
             r0 = (self.lam(k) - self.lam(k - 1)) / h
