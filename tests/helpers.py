@@ -244,6 +244,37 @@ def chromium(folder: Path, script_timeout: float, *flags: str):
     return headless_chromium(folder, script_timeout, *flags)
 
 
+FIREFOX = Path("/usr/bin/firefox-esr")
+
+
+class Firefox:
+    """Debian's headless Firefox ESR driven through Marionette (the marionette-driver package: no geckodriver
+    package is reachable here), answering as Selenium's driver does where web.check's gates call it: get,
+    execute_script, execute_async_script (the callback last among the arguments), quit. Scripts run in the page's
+    own scope, not a sandbox, so they see what the page's module set."""
+
+    def __init__(self, folder: Path, script_timeout: float):
+        from marionette_driver.marionette import Marionette
+
+        self.client = Marionette(host="127.0.0.1", port=free_port(), bin=str(FIREFOX), headless=True,
+                                 gecko_log=str(folder / "gecko.log"), startup_timeout=120)
+        self.client.start_session()
+        self.client.timeout.script = script_timeout
+        self.client.timeout.page_load = 30
+
+    def get(self, url: str) -> None:
+        self.client.navigate(url)
+
+    def execute_script(self, script: str, *args):
+        return self.client.execute_script(script, script_args=args, sandbox=None)
+
+    def execute_async_script(self, script: str, *args):
+        return self.client.execute_async_script(script, script_args=args, sandbox=None)
+
+    def quit(self) -> None:
+        self.client.cleanup()
+
+
 def open_sessions(monkeypatch) -> list[set]:
     """From now on, each time a bundle opens a graph's session: the (precision, graph) of every onnxruntime session
     alive at that moment (a session closed, or no longer referenced, is gone)."""
