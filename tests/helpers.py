@@ -244,6 +244,30 @@ def chromium(folder: Path, script_timeout: float, *flags: str):
     return headless_chromium(folder, script_timeout, *flags)
 
 
+NODE, NPM = shutil.which("node"), shutil.which("npm")
+STATIC = Path(__file__).parents[1] / "src" / "vibevoice_onnx" / "web" / "static"  # the JavaScript module's package
+
+
+def node_project(folder: Path, timeout: float) -> dict:
+    """A Node.js project in `folder` as a developer makes one: the module's `npm pack` and onnxruntime-node from the
+    npm registry installed (its install script, which fetches CUDA binaries from outside the registry, skipped: the
+    CPU binaries are in the package), and tests/javascript/driver.mjs beside them. {folder, packed: npm pack's
+    record}."""
+    from vibevoice_onnx.web.npm import ONNXRUNTIME_WEB
+
+    def npm(*args: str) -> str:
+        done = subprocess.run([NPM, *args], cwd=folder, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    packed = json.loads(npm("pack", str(STATIC), "--json", "--pack-destination", str(folder)))[0]
+    (folder / "package.json").write_text(json.dumps({"name": "user-project", "private": True, "type": "module"}))
+    npm("install", "--ignore-scripts", "--no-audit", "--no-fund", "--no-package-lock", str(folder / packed["filename"]),
+        f"onnxruntime-node@{ONNXRUNTIME_WEB.version}")
+    shutil.copy(Path(__file__).parent / "javascript" / "driver.mjs", folder / "driver.mjs")
+    return {"folder": folder, "packed": packed}
+
+
 FIREFOX = Path("/usr/bin/firefox-esr")
 
 

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import http.server
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,13 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import copy_bundle
-from helpers import gained_copy
+from helpers import NODE, NPM, STATIC, gained_copy, node_project
 
-NODE, NPM = shutil.which("node"), shutil.which("npm")
 if not (NODE and NPM):
     pytest.skip("Node.js or npm is missing: run scripts/install-test-system-packages", allow_module_level=True)
-DRIVER = Path(__file__).parent / "javascript" / "driver.mjs"
-STATIC = Path(__file__).parents[1] / "src" / "vibevoice_onnx" / "web" / "static"
 # How long npm or one Node.js program may take before the test calls it hung (a cold npm cache downloads
 # onnxruntime-node's 90 MB; a tiny bundle speaks in seconds).
 WAIT = 600
@@ -34,23 +30,7 @@ WAIT = 600
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> dict:
-    """A Node.js project with the module's `npm pack` and onnxruntime-node installed (its install script, which
-    fetches CUDA binaries from outside the registry, skipped: the CPU binaries are in the package)."""
-    from vibevoice_onnx.web.npm import ONNXRUNTIME_WEB
-
-    folder = tmp_path_factory.mktemp("node-project")
-    packed = json.loads(npm("pack", str(STATIC), "--json", "--pack-destination", str(folder), cwd=folder))[0]
-    (folder / "package.json").write_text(json.dumps({"name": "user-project", "private": True, "type": "module"}))
-    npm("install", "--ignore-scripts", "--no-audit", "--no-fund", "--no-package-lock", str(folder / packed["filename"]),
-        f"onnxruntime-node@{ONNXRUNTIME_WEB.version}", cwd=folder)
-    shutil.copy(DRIVER, folder / "driver.mjs")
-    return {"folder": folder, "packed": packed}
-
-
-def npm(*args: str, cwd: Path) -> str:
-    done = subprocess.run([NPM, *args], cwd=cwd, capture_output=True, text=True, timeout=WAIT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return node_project(tmp_path_factory.mktemp("node-project"), WAIT)
 
 
 def node(project: dict, **request) -> dict:

@@ -19,6 +19,19 @@ async function answer({ action, bundle, options = {}, text, texts, speak = {}, c
     const out = { voices: tts.voices, gates: tts.gates, device: tts.device, progress };
     if (action === "tokenize") out.ids = texts.map((t) => tts.tokenize(t));
     if (action === "calls") out.outputs = await Promise.all(calls.map(({ name, feeds, fetches }) => tts.run(name, feeds, fetches)));
+    if (action === "bench") { // benchmarks/node.py: speak twice (cold, then warm), timed as the page's are
+      out.ready_ms = tts.timings.ready;
+      out.runs = [];
+      for (let i = 0; i < 2; i++) {
+        const start = performance.now();
+        let first = null;
+        const r = await tts.speak(text, { ...speak, onAudio: () => { first ??= performance.now() - start; } });
+        const seconds = (performance.now() - start) / 1000;
+        out.runs.push({ frames: r.frames, first_audio_seconds: first / 1000, seconds,
+                        real_time_factor: seconds / (r.samples.length / r.sampleRate) });
+      }
+      out.peak_rss_bytes = process.resourceUsage().maxRSS * 1024;
+    }
     if (action === "speak") {
       const result = await tts.speak(text, speak);
       Object.assign(out, { samples: Array.from(result.samples), rate: result.sampleRate, frames: result.frames,
