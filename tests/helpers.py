@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -266,6 +267,64 @@ def node_project(folder: Path, timeout: float) -> dict:
         f"onnxruntime-node@{ONNXRUNTIME_WEB.version}")
     shutil.copy(Path(__file__).parent / "javascript" / "driver.mjs", folder / "driver.mjs")
     return {"folder": folder, "packed": packed}
+
+
+FAILED_PARITY = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
+
+
+def with_parity(bundle: Path, parity: dict | None) -> Path:
+    """`bundle` (a copy) with its manifest's parity record replaced: FAILED_PARITY, or None for one never verified."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["parity"] = parity
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    return bundle
+
+
+def tiny_sites(root: Path, fp32: Path, int8: Path, scratch: Path) -> Path:
+    """The sites `web` writes, under `root`, for a tiny realtime bundle at fp32 and int8 and for a copy of the fp32
+    one (made in `scratch`) whose gates failed: root/fp32, root/int8, root/failed."""
+    from vibevoice_onnx.web.site import write_site
+
+    write_site(fp32, root / "fp32", log=lambda _: None)
+    write_site(int8, root / "int8", log=lambda _: None)
+    failed = with_parity(Path(shutil.copytree(fp32, scratch / "cpu_fp32")), FAILED_PARITY)
+    write_site(failed, root / "failed", log=lambda _: None)
+    return root
+
+
+@contextlib.contextmanager
+def hosted(folder: Path, shared: bool = False):
+    """`folder` served on 127.0.0.1 (any free port: an origin of its own) with the cross-origin isolation headers,
+    for the block: its URL, and the paths asked for, in order. `shared`: pages of other origins may read its files
+    too (CORS, and the resource policy an isolated page needs), as the Hub's resolve URLs let them."""
+    import functools
+    import http.server
+    import threading
+
+    from vibevoice_onnx.web.site import IsolatedHandler
+
+    asked = []
+
+    class Logged(IsolatedHandler):
+        def do_GET(self):
+            asked.append(self.path.lstrip("/"))
+            super().do_GET()
+
+        def end_headers(self):
+            if shared:
+                self.send_header("Access-Control-Allow-Origin", "*")
+                self.send_header("Cross-Origin-Resource-Policy", "cross-origin")
+            super().end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Logged, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 FIREFOX = Path("/usr/bin/firefox-esr")

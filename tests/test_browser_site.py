@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
 from conftest import copy_bundle  # noqa: E402
-from helpers import CHROMEDRIVER, CHROMIUM, chromium  # noqa: E402
+from helpers import CHROMEDRIVER, CHROMIUM, chromium, tiny_sites  # noqa: E402
 
 from vibevoice_onnx.web.check import (GRAPH_LIMITS, LOOP_COSINE, WEBGPU_ON_CPU, closeness, graph_calls,  # noqa: E402
                                       page_arithmetic, page_caller, page_speaker, tokenizer_ids,
@@ -44,16 +44,9 @@ def int8_bundle(tiny_int8_bundle) -> Path:
 @pytest.fixture(scope="module")
 def host(site_bundle, int8_bundle, tmp_path_factory):
     """The sites of the tiny realtime bundle at fp32 and int8 and of a copy whose gates failed, on 127.0.0.1."""
-    from vibevoice_onnx.web.site import served, write_site
+    from vibevoice_onnx.web.site import served
 
-    root = tmp_path_factory.mktemp("sites")
-    write_site(site_bundle, root / "fp32", log=lambda _: None)
-    write_site(int8_bundle, root / "int8", log=lambda _: None)
-    failed = copy_bundle(site_bundle, tmp_path_factory.mktemp("failed") / "cpu_fp32")
-    manifest = json.loads((failed / "manifest.json").read_text())
-    manifest["parity"] = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
-    (failed / "manifest.json").write_text(json.dumps(manifest))
-    write_site(failed, root / "failed", log=lambda _: None)
+    root = tiny_sites(tmp_path_factory.mktemp("sites"), site_bundle, int8_bundle, tmp_path_factory.mktemp("failed"))
     with served(root) as url:
         yield url
 

@@ -6,11 +6,8 @@ is a plain static one on 127.0.0.1, started and stopped here."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,11 +15,11 @@ import pytest
 pytest.importorskip("selenium", reason="selenium is not installed (the `test` extra has it)")
 
 from conftest import copy_bundle  # noqa: E402
-from helpers import CHROMEDRIVER, CHROMIUM, FIREFOX, Firefox, chromium  # noqa: E402
+from helpers import CHROMEDRIVER, CHROMIUM, FIREFOX, Firefox, chromium, hosted, tiny_sites  # noqa: E402
 
 from vibevoice_onnx.web.check import (GRAPH_LIMITS, graph_calls, loop_verdict, open_page, page_arithmetic,  # noqa: E402
                                       page_caller, page_speaker, tokenizer_ids, whole_loop)
-from vibevoice_onnx.web.site import IsolatedHandler, served, write_site  # noqa: E402
+from vibevoice_onnx.web.site import served  # noqa: E402
 
 WAIT = 600  # a script that takes longer is hung, never a slow machine
 PAGE = Path(__file__).parent / "javascript" / "page.html"
@@ -66,48 +63,10 @@ def firefox(tmp_path_factory):
 def sites(tiny_bundle, tiny_int8_bundle, tmp_path_factory):
     """The sites `web` writes for the tiny realtime bundle at fp32 and int8 and for a copy whose gates failed, with
     the developer's page beside the fp32 one, on 127.0.0.1."""
-    root = tmp_path_factory.mktemp("sites")
-    write_site(tiny_bundle, root / "fp32", log=lambda _: None)
-    write_site(tiny_int8_bundle, root / "int8", log=lambda _: None)
-    failed = copy_bundle(tiny_bundle, tmp_path_factory.mktemp("failed") / "cpu_fp32")
-    manifest = json.loads((failed / "manifest.json").read_text())
-    manifest["parity"] = {"passed": False, "gates": [{"name": "upper_lm (past 11, new 5)", "passed": False}]}
-    (failed / "manifest.json").write_text(json.dumps(manifest))
-    write_site(failed, root / "failed", log=lambda _: None)
+    root = tiny_sites(tmp_path_factory.mktemp("sites"), tiny_bundle, tiny_int8_bundle, tmp_path_factory.mktemp("failed"))
     shutil.copy(PAGE, root / "fp32" / "page.html")
     with served(root) as url:
         yield url
-
-
-class SharedHandler(IsolatedHandler):
-    """A host that lets pages of other origins read its files (CORS, and the resource policy a cross-origin isolated
-    page needs), as the Hub's resolve URLs do."""
-
-    def end_headers(self):
-        self.send_header("Access-Control-Allow-Origin", "*")
-        self.send_header("Cross-Origin-Resource-Policy", "cross-origin")
-        super().end_headers()
-
-
-@contextlib.contextmanager
-def shared(folder: Path):
-    """`folder` on another origin of 127.0.0.1 (a port of its own): its URL, and the paths asked for."""
-    asked = []
-
-    class Logged(SharedHandler):
-        def do_GET(self):
-            asked.append(self.path.lstrip("/"))
-            super().do_GET()
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Logged, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def test_a_page_loads_a_bundle_from_another_origin_keeps_it_and_loads_it_again_with_that_host_gone(
@@ -117,7 +76,7 @@ def test_a_page_loads_a_bundle_from_another_origin_keeps_it_and_loads_it_again_w
     that is not the one recorded is refused in one sentence where nothing is kept (?cache=0)."""
     bundle = copy_bundle(tiny_bundle, tmp_path / "bundle")
     recorded = json.loads((bundle / "manifest.json").read_text())["files"]
-    with shared(bundle) as (url, asked):
+    with hosted(bundle, shared=True) as (url, asked):
         browser.get(f"{sites}/fp32/page.html?bundle={url}/")
         first = browser.execute_async_script(SPEAK, "From another origin.")
     assert "error" not in first, first
@@ -131,7 +90,7 @@ def test_a_page_loads_a_bundle_from_another_origin_keeps_it_and_loads_it_again_w
     assert "error" not in second and second["samples"] == first["samples"]
     graph = bundle / "eos_classifier.onnx"
     graph.write_bytes(graph.read_bytes()[:-1] + b"\0")
-    with shared(bundle) as (url, _):
+    with hosted(bundle, shared=True) as (url, _):
         browser.get(f"{sites}/fp32/page.html?bundle={url}/&cache=0")
         damaged = browser.execute_async_script(SPEAK, "Refused.")
     assert damaged == {"error": f"{url}/eos_classifier.onnx: this file does not match the sha256 its manifest "

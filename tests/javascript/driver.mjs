@@ -31,6 +31,8 @@ async function answer({ action, bundle, options = {}, text, texts, speak = {}, c
                         real_time_factor: seconds / (r.samples.length / r.sampleRate) });
       }
       out.peak_rss_bytes = process.resourceUsage().maxRSS * 1024;
+      out.graph_ms = Object.fromEntries(Object.entries(tts.timings).filter(([, v]) => Array.isArray(v))
+        .map(([name, v]) => [name, { calls: v.length, total: Math.round(v.reduce((a, b) => a + b, 0)) }]));
     }
     if (action === "speak") {
       const result = await tts.speak(text, speak);

@@ -40,6 +40,9 @@ export interface SpeakOptions {
   maxFrames?: number | null;
   cfgScale?: number;
   steps?: number;
+  /** Frames decoded a call after the first (default 3, the Python runtime's): the decoder's weights are read once a
+   * group; a group never spans a speech window of 6. */
+  decodeGroup?: number;
   /** Each frame's samples (24 kHz, mono), as soon as it is decoded. */
   onAudio?: (chunk: Float32Array) => void;
 }

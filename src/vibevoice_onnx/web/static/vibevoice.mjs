@@ -131,6 +131,25 @@ class BundleFiles {
   }
 
   async json(name) { return JSON.parse(new TextDecoder().decode(await this.bytes(name))); }
+
+  // A file of a bundle in a folder (Node.js) checked without holding it: read and hashed a piece at a time.
+  async checkInPlace(name) {
+    const [fs, crypto] = await Promise.all([nodeImport("fs"), nodeImport("crypto")]), { sha256, size } = this.record(name);
+    const url = new URL(name, this.base), hash = crypto.createHash("sha256");
+    let loaded = 0;
+    try {
+      for await (const chunk of fs.createReadStream(url)) {
+        hash.update(chunk);
+        loaded += chunk.length;
+        this.progress(name, loaded, size);
+      }
+    } catch (e) {
+      throw new Error(`${url}: cannot be read (${e.code ?? e.message})`);
+    }
+    if (loaded !== size || hash.digest("hex") !== sha256) {
+      throw new Error(`${url}: this file does not match the sha256 its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+    }
+  }
 }
 
 async function download(url, size, onBytes) {
@@ -254,7 +273,7 @@ function toWire(tensor) {
 async function nodeFolder(files, names) {
   const [fs, path, url, os] = await Promise.all(["fs/promises", "path", "url", "os"].map(nodeImport));
   if (files.base.protocol === "file:") {
-    for (const name of names) await files.bytes(name); // checked where they are
+    for (const name of names) await files.checkInPlace(name);
     return { folder: url.fileURLToPath(files.base), temporary: false };
   }
   const temporary = !files.store.root;
@@ -335,7 +354,10 @@ export class VibeVoice {
     if (!graph) throw new Error(`the bundle has no '${name}' graph`);
     // Errors only in the console: on WebGPU onnxruntime warns, for every graph, that it keeps the shape arithmetic
     // on WASM; placement() says where each node runs.
-    const options = { graphOptimizationLevel: "all", logSeverityLevel: 3, ...extra };
+    // Threads that spin after one session's call steal the cores from the next: the loop runs seven sessions in
+    // turn (the Python runtime's setting; in Node.js, 2 threads spinning ran the full-size loop 2.4x slower than 1).
+    const options = { graphOptimizationLevel: "all", logSeverityLevel: 3,
+                      extra: { session: { intra_op: { allow_spinning: "0" } } }, ...extra };
     if (IN_NODE) {
       const path = await nodeImport("path");
       return this.ort.InferenceSession.create(path.join(this.folder.folder, ...graph.file.split("/")),
@@ -591,6 +613,7 @@ class LmStream {
 
 const add = (a, b) => a.map((x, i) => f(x + b[i]));
 const TEXT_WINDOW = 5, SPEECH_WINDOW = 6, LATENT = 64, SAMPLE_RATE = 24000;
+const DECODE_GROUP = 3; // runtime.realtime.DECODE_GROUP: Python's default, so the same noise gives the same samples
 
 // Noise rows given (frames x 64, as `speak --noise` takes them): frame k's row, or an error past the last.
 function rowsOf(noise) {
@@ -665,11 +688,13 @@ class TextFeed {
 // comes. `noise`: frames x 64 rows (arrays or one flat Float32Array), as `speak --noise` takes (the Python
 // runtime's speech, exactly); else `seed` (this module's generator; random without one). `onAudio(chunk)` is
 // called with each frame's samples as they are decoded. Returns {samples, sampleRate, frames, stopReason}.
-async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null } = {}) {
+async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale = 1.5, steps = 5, onAudio = null,
+                                   decodeGroup = DECODE_GROUP } = {}) {
   const { ort } = tts;
   if (maxFrames !== null && !(Number.isInteger(maxFrames) && maxFrames >= 1)) throw new Error(`maxFrames ${maxFrames}: a whole number from 1 (or null: until the model ends)`);
   if (!(Number.isInteger(steps) && steps >= 1)) throw new Error(`steps ${steps}: a whole number of diffusion steps from 1`);
   if (!(Number.isFinite(cfgScale) && cfgScale > 0)) throw new Error(`cfgScale ${cfgScale}: a positive number`);
+  if (!(Number.isInteger(decodeGroup) && decodeGroup >= 1)) throw new Error(`decodeGroup ${decodeGroup}: a whole number of frames from 1`);
   const noiseOf = noise ? rowsOf(noise) : seededNoise(seed ?? Math.floor(Math.random() * 2 ** 32));
   const feed = text instanceof TextFeed ? text : null;
   const ids = feed ? null : tts.tokenize(normaliseText(text));
@@ -681,10 +706,7 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
   const lower = new LmStream(tts, "lower_lm", prompt.lm), positive = new LmStream(tts, "upper_lm", prompt.ttsLm);
   const negative = new LmStream(tts, "upper_lm", prompt.negTtsLm);
   let hPos = prompt.positive, hNeg = prompt.negative;
-  const decoder = tts.manifest.graphs.acoustic_decoder_stream;
-  let state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`,
-    new ort.Tensor("float32", new Float32Array(s.channels * s.length), [1, s.channels, s.length])]));
-  const chunks = [];
+  const decoder = new FrameDecoder(tts, decodeGroup, onAudio);
   let frames = 0, stopReason = null, offset = 0;
   const embed = (window) => {
     const out = new Float32Array(window.length * width);
@@ -704,11 +726,7 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
     for (let n = 0; n < SPEECH_WINDOW; n++) {
       const z = await sampleLatent(tts, { positive: hPos, negative: hNeg, noise: noiseOf(frames), cfgScale, steps });
       frames += 1;
-      const unscaled = z.map((x) => f(f(x / scale) - bias));
-      const decoded = await tts.call("acoustic_decoder_stream", { latents: new ort.Tensor("float32", unscaled, [1, 1, LATENT]), ...state });
-      state = Object.fromEntries(decoder.states.map((s) => [`state.${s.name}`, decoded[`new_state.${s.name}`]]));
-      chunks.push(decoded.audio.data);
-      if (onAudio) onAudio(decoded.audio.data);
+      await decoder.add(z.map((x) => f(f(x / scale) - bias)));
       if (maxFrames !== null && frames >= maxFrames) { stopReason = "max_frames"; break; }
       const connected = await tts.call("acoustic_connector", { latents: new ort.Tensor("float32", z, [1, 1, LATENT]) });
       const feedback = add(connected[Object.keys(connected)[0]].data, speechType);
@@ -720,9 +738,49 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
       if (1 / (1 + Math.exp(-logit)) > 0.5) { stopReason = "eos"; break; }
     }
   }
-  const samples = new Float32Array(chunks.reduce((n, c) => n + c.length, 0));
-  chunks.reduce((at, c) => { samples.set(c, at); return at + c.length; }, 0);
-  return { samples, sampleRate: SAMPLE_RATE, frames, stopReason };
+  await decoder.flush();
+  return { samples: decoder.samples(), sampleRate: SAMPLE_RATE, frames, stopReason };
+}
+
+// Latents decoded as the loop makes them (generation/realtime.py's FrameDecoder): the first alone, for early first
+// audio; the later ones `group` at a time through the streaming decoder, whose weights are then read once a group;
+// a group never spans two speech windows, so a window's audio is out before the loop waits for streamed text.
+class FrameDecoder {
+  constructor(tts, group, onAudio) {
+    Object.assign(this, { tts, group, onAudio, pending: [], frames: 0, chunks: [] });
+    this.states = tts.manifest.graphs.acoustic_decoder_stream.states;
+    this.state = Object.fromEntries(this.states.map((s) => [`state.${s.name}`,
+      new tts.ort.Tensor("float32", new Float32Array(s.channels * s.length), [1, s.channels, s.length])]));
+  }
+
+  async add(unscaled) {
+    this.pending.push(unscaled);
+    this.frames += 1;
+    if (this.frames === 1 || this.pending.length >= this.group || this.frames % SPEECH_WINDOW === 0) await this.flush();
+  }
+
+  async flush() {
+    const count = this.pending.length;
+    if (!count) return;
+    const latents = new Float32Array(count * LATENT);
+    this.pending.forEach((z, i) => latents.set(z, i * LATENT));
+    this.pending = [];
+    const decoded = await this.tts.call("acoustic_decoder_stream",
+      { latents: new this.tts.ort.Tensor("float32", latents, [1, count, LATENT]), ...this.state });
+    this.state = Object.fromEntries(this.states.map((s) => [`state.${s.name}`, decoded[`new_state.${s.name}`]]));
+    const audio = decoded.audio.data, size = audio.length / count;
+    for (let i = 0; i < count; i++) {
+      const chunk = audio.slice(i * size, (i + 1) * size);
+      this.chunks.push(chunk);
+      if (this.onAudio) this.onAudio(chunk);
+    }
+  }
+
+  samples() {
+    const samples = new Float32Array(this.chunks.reduce((n, c) => n + c.length, 0));
+    this.chunks.reduce((at, c) => { samples.set(c, at); return at + c.length; }, 0);
+    return samples;
+  }
 }
 
 // Playback from the first decoded frame: an AudioWorklet at the model's 24 kHz that plays chunks as they arrive.
