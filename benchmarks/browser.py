@@ -5,6 +5,9 @@ generations, and the browser's peak memory.
 
     .venv/bin/python benchmarks/browser.py BUNDLE [--threads 2] [--repeats 5] [--provider wasm] [--json FILE]
 
+--threads is Python's and the page's (?threads=, WASM threads; more than one needs the isolation headers the
+local server sends).
+
 Then the page speaks --frames latents twice (cold, then warm: first audio, seconds, RTF) beside `vibevoice-onnx
 bench` of the same bundle (RTF, first audio cold and warm), and where onnxruntime-web placed each graph's nodes.
 `--provider webgpu` runs the page on WebGPU; with no GPU here that is Chromium's SwiftShader (WebGPU's kernels on
@@ -95,7 +98,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
-    parser.add_argument("--threads", type=int, default=2, help="Python's threads; the page takes up to 4")
+    parser.add_argument("--threads", type=int, default=2, help="Python's threads, and the page's WASM threads")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--frames", type=int, default=24, help="latents the page speaks (twice: cold, then warm)")
     parser.add_argument("--provider", choices=["wasm", "webgpu"], default="wasm",
@@ -110,7 +113,7 @@ def main() -> int:
             driver = chromium(Path(folder) / "chromium", 600, *(WEBGPU_ON_CPU if args.provider == "webgpu" else ()))
             try:
                 start = time.perf_counter()
-                ready = open_page(driver, f"{url}/?provider={args.provider}")
+                ready = open_page(driver, f"{url}/?provider={args.provider}&threads={args.threads}")
                 ready_seconds = time.perf_counter() - start
                 if not ready["ok"]:
                     raise SystemExit(f"the page refused the bundle: {ready['message']}")
