@@ -40,9 +40,9 @@ def node(project: dict, **request) -> dict:
 def rerecorded(bundle: Path) -> Path:
     """`bundle`'s manifest recording its files as they now are (a bundle changed and rebuilt, as far as a reader can
     tell)."""
-    from vibevoice_onnx.runtime.bundle import MANIFEST, record_files, write_manifest
+    from vibevoice_onnx.runtime.bundle import rerecord
 
-    write_manifest(bundle, record_files(bundle, json.loads((bundle / MANIFEST).read_text())))
+    rerecord(bundle)
     return bundle
 
 

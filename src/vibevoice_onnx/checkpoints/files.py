@@ -7,8 +7,8 @@ is caught here), which keeps `inspect` fast on a 16 GB checkpoint.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable

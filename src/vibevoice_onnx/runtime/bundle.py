@@ -103,6 +103,11 @@ def write_manifest(bundle_dir: Path, manifest: dict, action: str = "writing the 
         partial.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def rerecord(bundle_dir: Path) -> None:
+    """The bundle's manifest recording its files as they now are (a copy whose files were changed on purpose)."""
+    write_manifest(bundle_dir, record_files(bundle_dir, json.loads((Path(bundle_dir) / MANIFEST).read_text())))
+
+
 def record_files(bundle_dir: Path, manifest: dict, names: list[str] | None = None) -> dict:
     """`manifest` with the sizes and sha256 of `names` (default: every file of the bundle) recorded under
     `files`, where pull and push check them; a name no longer on disk leaves the record."""

@@ -110,31 +110,6 @@ def tokenizer_ids(driver, bundle) -> tuple[list, list]:
     return theirs, [bundle.tokenizer.encode(text, add_special_tokens=False).ids for text in CORPUS]
 
 
-def page_caller(driver):
-    """The page's graph calls in `driver`'s browser, as graph_calls makes them: [{name, feeds, fetches}] (arrays in
-    the wire form) -> [{output: wire array} or {error}]."""
-    return lambda requests: [driver.execute_async_script(RUN, r["name"], r["feeds"], r["fetches"]) for r in requests]
-
-
-def graph_calls(caller, bundle_dir: Path, arithmetic=None) -> dict[str, tuple[float, float]]:
-    """Each graph's first call of a Python generation, in `arithmetic` (the page's, by default), replayed by the
-    JavaScript module (`caller`: page_caller, or Node.js's): {graph.output: closeness}."""
-    with (arithmetic or page_arithmetic)(bundle_dir) as reference:
-        calls = first_calls(reference)
-    results = caller([{"name": name, "feeds": {k: wire(v) for k, v in inputs.items()}, "fetches": list(outputs)}
-                      for name, (inputs, outputs) in calls.items()])
-    measured = {}
-    for (name, (_, outputs)), result in zip(calls.items(), results):
-        if "error" in result:
-            raise VibeVoiceError(f"the JavaScript module could not run {name}: {result['error']}")
-        for output, expected in outputs.items():
-            got = unwire(result[output])
-            if got.shape != expected.shape:
-                raise VibeVoiceError(f"{name}.{output}: JavaScript gave shape {got.shape}, Python {expected.shape}")
-            measured[f"{name}.{output}"] = closeness(got, expected)
-    return measured
-
-
 def loop_rows(frames: int = LOOP_FRAMES) -> np.ndarray:
     return np.random.default_rng(LOOP_SEED).standard_normal((frames, 64)).astype(np.float32)
 
@@ -149,7 +124,7 @@ def page_arithmetic(bundle_dir: Path):
     folder, or the bundle itself where nothing is to change."""
     import onnx
 
-    from ..runtime.bundle import MANIFEST, record_files, write_manifest
+    from ..runtime.bundle import rerecord
 
     bundle_dir = Path(bundle_dir)
     models = {path.name: onnx.load(path, load_external_data=False) for path in sorted(bundle_dir.glob("*.onnx"))}
@@ -163,7 +138,7 @@ def page_arithmetic(bundle_dir: Path):
             for attribute in leveled(model):
                 attribute.i = 0
             onnx.save(model, twin / name)
-        write_manifest(twin, record_files(twin, json.loads((twin / MANIFEST).read_text())))
+        rerecord(twin)
         yield twin
 
 
@@ -171,6 +146,31 @@ def leveled(model) -> list:
     """The accuracy_level attributes of a graph's MatMulNBits nodes that are not 0."""
     return [a for node in model.graph.node if node.op_type == "MatMulNBits"
             for a in node.attribute if a.name == "accuracy_level" and a.i != 0]
+
+
+def page_caller(driver):
+    """The page's graph calls in `driver`'s browser, as graph_calls makes them: [{name, feeds, fetches}] (arrays in
+    the wire form) -> [{output: wire array} or {error}]."""
+    return lambda requests: [driver.execute_async_script(RUN, r["name"], r["feeds"], r["fetches"]) for r in requests]
+
+
+def graph_calls(caller, bundle_dir: Path, arithmetic=page_arithmetic) -> dict[str, tuple[float, float]]:
+    """Each graph's first call of a Python generation, in `arithmetic` (the page's, by default), replayed by the
+    JavaScript module (`caller`: page_caller, or Node.js's): {graph.output: closeness}."""
+    with arithmetic(bundle_dir) as reference:
+        calls = first_calls(reference)
+    results = caller([{"name": name, "feeds": {k: wire(v) for k, v in inputs.items()}, "fetches": list(outputs)}
+                      for name, (inputs, outputs) in calls.items()])
+    measured = {}
+    for (name, (_, outputs)), result in zip(calls.items(), results):
+        if "error" in result:
+            raise VibeVoiceError(f"the JavaScript module could not run {name}: {result['error']}")
+        for output, expected in outputs.items():
+            got = unwire(result[output])
+            if got.shape != expected.shape:
+                raise VibeVoiceError(f"{name}.{output}: JavaScript gave shape {got.shape}, Python {expected.shape}")
+            measured[f"{name}.{output}"] = closeness(got, expected)
+    return measured
 
 
 def page_speaker(driver):
