@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -210,10 +211,14 @@ def test_the_tokenizer_in_node_gives_the_python_ids(project, tiny_bundle):
 
 
 def test_node_reads_the_process_environment_cache_folder(project, tiny_bundle, tmp_path, monkeypatch):
-    """Without cacheDir, files are kept under $VIBEVOICE_ONNX_JS_CACHE, by sha256."""
+    """Without cacheDir, files are kept under $VIBEVOICE_ONNX_JS_CACHE, by sha256; a bundle in a folder is read where
+    it is, nothing of it copied there."""
     monkeypatch.setenv("VIBEVOICE_ONNX_JS_CACHE", str(tmp_path / "kept"))
     with hosted(tiny_bundle) as (url, _):
         assert "error" not in node(project, action="load", bundle=url)
     recorded = {r["sha256"] for r in json.loads((tiny_bundle / "manifest.json").read_text())["files"].values()}
     kept = {p.name for p in (tmp_path / "kept" / "sha256").iterdir()}
     assert kept and kept <= recorded
+    shutil.rmtree(tmp_path / "kept")
+    assert "error" not in node(project, action="load", bundle=str(tiny_bundle))  # a folder: read where it is
+    assert not (tmp_path / "kept").exists()

@@ -99,6 +99,9 @@ class NodeStore {
   }
 }
 
+// A file that is not the one its manifest records: `how` it differs, and the one sentence every refusal ends with.
+const notRecorded = (url, how) => new Error(`${url}: ${how}; it was changed or damaged on the way, so the bundle is refused`);
+
 async function sha256Of(bytes) {
   if (globalThis.crypto?.subtle) return hex(await crypto.subtle.digest("SHA-256", bytes));
   return (await nodeImport("crypto")).createHash("sha256").update(bytes).digest("hex");
@@ -106,7 +109,8 @@ async function sha256Of(bytes) {
 
 // The bundle's bytes as its manifest records them: from the store, else from the base URL, with progress.
 class BundleFiles {
-  constructor(base, manifest, store, progress) { Object.assign(this, { base, manifest, store, progress }); }
+  // `key`: the manifest's, naming the folder of links Node.js opens a fetched bundle's graphs from (nodeFolder)
+  constructor(base, manifest, store, progress, key) { Object.assign(this, { base, manifest, store, progress, key }); }
 
   record(name) {
     const record = this.manifest.files?.[name];
@@ -124,13 +128,21 @@ class BundleFiles {
     const url = new URL(name, this.base);
     const bytes = await download(url, size, (loaded) => this.progress(name, loaded, size));
     if (await sha256Of(bytes) !== sha256) {
-      throw new Error(`${url}: this file does not match the sha256 its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+      throw notRecorded(url, "this file does not match the sha256 its manifest records");
     }
     await this.store.put(sha256, bytes);
     return bytes;
   }
 
   async json(name) { return JSON.parse(new TextDecoder().decode(await this.bytes(name))); }
+
+  // Node.js, a store that keeps files: `name` kept (fetched and checked unless it is already), and where it is.
+  async kept(name) {
+    const { sha256, size } = this.record(name), path = this.store.file(`sha256/${sha256}`);
+    if ((await this.store.fs.stat(path).catch(() => null))?.size === size) this.progress(name, size, size);
+    else await this.bytes(name);
+    return path;
+  }
 
   // A file of a bundle in a folder (Node.js) checked without holding it: read and hashed a piece at a time.
   async checkInPlace(name) {
@@ -147,7 +159,7 @@ class BundleFiles {
       throw new Error(`${url}: cannot be read (${e.code ?? e.message})`);
     }
     if (loaded !== size || hash.digest("hex") !== sha256) {
-      throw new Error(`${url}: this file does not match the sha256 its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+      throw notRecorded(url, "this file does not match the sha256 its manifest records");
     }
   }
 }
@@ -168,13 +180,13 @@ async function download(url, size, onBytes) {
   for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
     if (loaded + chunk.value.byteLength > size) {
       await reader.cancel();
-      throw new Error(`${url}: longer than the ${size} bytes its manifest records; it was changed or damaged on the way, so the bundle is refused`);
+      throw notRecorded(url, `longer than the ${size} bytes its manifest records`);
     }
     bytes.set(chunk.value, loaded);
     loaded += chunk.value.byteLength;
     onBytes(loaded);
   }
-  if (loaded !== size) throw new Error(`${url}: ${loaded} bytes where its manifest records ${size}; it was changed or damaged on the way, so the bundle is refused`);
+  if (loaded !== size) throw notRecorded(url, `${loaded} bytes where its manifest records ${size}`);
   return bytes;
 }
 
@@ -280,11 +292,13 @@ async function nodeFolder(files, names) {
   const folder = temporary ? await fs.mkdtemp(path.join(os.tmpdir(), "vibevoice-onnx-")) : files.store.file(`bundles/${files.key}`);
   try {
     for (const name of names) {
-      const bytes = await files.bytes(name), target = path.join(folder, ...name.split("/")); // checked, kept by sha256
-      const kept = files.store.root && files.store.file(`sha256/${files.record(name).sha256}`);
+      const target = path.join(folder, ...name.split("/"));
       await fs.mkdir(path.dirname(target), { recursive: true });
-      if (temporary) await fs.writeFile(target, bytes);
-      else if (!(await fs.stat(target).catch(() => null))) await fs.link(kept, target).catch(() => fs.copyFile(kept, target));
+      if (temporary) await fs.writeFile(target, await files.bytes(name)); // checked
+      else {
+        const kept = await files.kept(name);
+        if (!(await fs.stat(target).catch(() => null))) await fs.link(kept, target).catch(() => fs.copyFile(kept, target));
+      }
     }
   } catch (error) {
     if (temporary) await fs.rm(folder, { recursive: true, force: true });
@@ -300,28 +314,29 @@ export class VibeVoice {
    * cannot be reached with nothing kept from an earlier load. */
   static async load(bundle, { device = "auto", threads, onProgress = null, cache = true, cacheDir, ort } = {}) {
     const base = baseUrl(bundle), where = String(base).replace(/\/$/, "");
-    const store = IN_NODE ? await NodeStore.open(cache, cacheDir) : await BrowserStore.open(cache);
+    // a bundle in a folder is read where it is: nothing of it is kept
+    const store = IN_NODE ? await NodeStore.open(cache && base.protocol !== "file:", cacheDir) : await BrowserStore.open(cache);
     const manifest = await readManifest(base, store);
     checkRunnable(where, manifest);
     const graphs = Object.values(manifest.graphs ?? {}), voices = Object.keys(manifest.files ?? {})
       .filter((n) => /^voices\/[^/]+\.safetensors$/.test(n)).map((n) => n.slice(7, -12)).sort();
-    const needed = [manifest.tokenizer.file, manifest.host_tensors,
-      ...graphs.flatMap((g) => [g.file, g.external_data].filter(Boolean))];
+    const graphFiles = graphs.flatMap((g) => [g.file, g.external_data].filter(Boolean));
+    const needed = [manifest.tokenizer.file, manifest.host_tensors, ...graphFiles];
     const total = needed.reduce((sum, name) => sum + (manifest.files[name]?.size ?? 0), 0), done = new Map();
     const progress = (file, loaded, size) => {
       if (!onProgress || done.get(file) === loaded || !needed.includes(file)) return;
       done.set(file, loaded);
       onProgress({ file, loaded: [...done.values()].reduce((a, b) => a + b, 0), total, fileLoaded: loaded, fileSize: size });
     };
-    const files = new BundleFiles(base, manifest, store, progress);
-    files.key = (await sha256Of(new TextEncoder().encode(JSON.stringify(manifest)))).slice(0, 32);
+    const key = (await sha256Of(new TextEncoder().encode(JSON.stringify(manifest)))).slice(0, 32);
+    const files = new BundleFiles(base, manifest, store, progress, key);
     const chosen = await chooseDevice(device);
     const runtime = ort ?? await importRuntime(chosen.device);
     const tts = new VibeVoice({ where, manifest, files, voices, ort: runtime, ...chosen });
     tts.threads = tts.setThreads(threads);
     const started = performance.now();
     try {
-      if (IN_NODE) tts.folder = await nodeFolder(files, needed);
+      if (IN_NODE) tts.folder = await nodeFolder(files, graphFiles);
       tts.tokenizer = new Tokenizer(await files.json(manifest.tokenizer.file), {});
       tts.host = await readSafetensors(await files.bytes(manifest.host_tensors), manifest.host_tensors);
       for (const name of Object.keys(manifest.graphs)) tts.sessions.set(name, await tts.createSession(name));
