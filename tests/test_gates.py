@@ -169,6 +169,27 @@ def test_a_free_run_may_diverge_at_most_three_times_as_far_as_its_perturbed_refe
     assert next(g for g in gates if "audio divergence" in g.name).passed == passes
 
 
+@pytest.mark.parametrize("decoder_error, passes", [(0.02, True), (0.02 / 3.3, False), (0.0, False)])
+def test_a_free_runs_audio_may_carry_its_decoders_own_error_and_no_more(decoder_error, passes):
+    """A bundle quantized off the feedback path (int8-decoder: the decoder alone) keeps its latents on the
+    reference's path, and its audio is as far off as its decoder is on the reference's own latents (the teacher-
+    forced run's audio): allowed up to MARGIN times that, beside the loop's own spread; audio further off than its
+    decoder explains is refused."""
+    rng = np.random.default_rng(6)
+    latents = [rng.standard_normal(4096).astype(np.float32) for _ in range(8)]
+    reference = SimpleNamespace(latents=latents, frames=8, chunks=latents, audio=np.concatenate(latents),
+                                eos_logits=[-4.0] * 8)
+    sizes = [1e-6] * 8
+    perturbed = [free_run(reference, sizes, rng) for _ in calibration.SEEDS]
+    ours = free_run(reference, sizes, rng)
+    off = rng.standard_normal(ours.audio.shape)
+    ours.audio = reference.audio + off * (0.05 * np.linalg.norm(reference.audio) / np.linalg.norm(off))
+    error = calibration.StepError([1e-6] * 8, [0.0] * 8, [0.0] * 8, audio=decoder_error)
+    gates, _ = calibration.calibrated_gates("loop", ours, reference, perturbed, error, calibration.EOS, "")
+    assert next(g for g in gates if "latent divergence" in g.name).passed
+    assert next(g for g in gates if "audio divergence" in g.name).passed == passes
+
+
 def test_a_kept_decision_flipped_in_the_free_run_is_refused():
     rng = np.random.default_rng(4)
     latents = [rng.standard_normal(256).astype(np.float32) for _ in range(5)]
