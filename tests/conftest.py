@@ -97,18 +97,28 @@ def tiny_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
     return made_once(shared_dir, "onnx", make) / "realtime" / "cpu_fp32"
 
 
-@pytest.fixture(scope="session")
-def tiny_int8_bundle(tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
-    """tiny_bundle at int8 (built from its fp32 sibling, as `build` does), verified. Treat as read-only."""
+def verified_sibling(precision: str, tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
+    """tiny_bundle at `precision` (built from its fp32 sibling, as `build` does), verified. Treat as read-only."""
     from vibevoice_onnx.cli import main
     from vibevoice_onnx.verify.common import verify_bundle
 
     def make(root: Path) -> None:
         copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
-        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", "int8"]) == 0
-        assert verify_bundle(root / "realtime" / "cpu_int8", tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
+        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision]) == 0
+        assert verify_bundle(root / "realtime" / f"cpu_{precision}", tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
 
-    return made_once(shared_dir, "onnx-int8", make) / "realtime" / "cpu_int8"
+    return made_once(shared_dir, f"onnx-{precision}", make) / "realtime" / f"cpu_{precision}"
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_bundle(tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
+    return verified_sibling("int8", tiny_checkpoints, tiny_bundle, shared_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_decoder_bundle(tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
+    """The build for a browser's WASM (`--precision int8-decoder`): fp32 but the decoder in dynamic int8."""
+    return verified_sibling("int8-decoder", tiny_checkpoints, tiny_bundle, shared_dir)
 
 
 @pytest.fixture(scope="session")

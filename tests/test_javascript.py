@@ -95,20 +95,36 @@ def test_every_graph_call_in_node_gives_the_python_outputs(project, tiny_bundle,
     assert all(difference <= largest and cosine >= lowest for difference, cosine in measured.values()), measured
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_node_speaks_what_python_speaks_with_the_same_noise(project, tiny_bundle, tiny_int8_bundle, precision):
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int8-decoder"])
+def test_node_speaks_what_python_speaks_with_the_same_noise(project, request, precision):
     """The whole loop in Node.js against the Python runtime on the same text, voice and noise rows (`speak
     --noise`), judged as `web --check` judges the page: the same frames, cosine and gain within its limits. Node.js's
-    onnxruntime computes as Python's does, so the Python side keeps its own arithmetic (measured: fp32 bit for bit;
-    int8 cosine 0.99948, gain 1.00066)."""
+    onnxruntime computes as Python's does, so the Python side keeps its own arithmetic (measured: bit for bit at fp32
+    and int8; int8 was cosine 0.99948 while the module ran the CFG streams in two calls a frame, each with its own
+    dynamic activation scales)."""
     from vibevoice_onnx.web.check import LOOP_FRAMES, loop_verdict, whole_loop
 
-    bundle = {"fp32": tiny_bundle, "int8": tiny_int8_bundle}[precision]
+    bundle = request.getfixturevalue({"fp32": "tiny_bundle", "int8": "tiny_int8_bundle",
+                                      "int8-decoder": "tiny_int8_decoder_bundle"}[precision])
     with hosted(bundle) as (url, _):
         loop = whole_loop(node_speaker(project, url), bundle, "synthetic", arithmetic=contextlib.nullcontext)
     print(precision, f"cosine {loop['cosine']:.9f}", f"max|Δ| {loop['difference']:.2e} of scale", f"gain {loop['gain']:.9f}")
     assert loop["frames"] == (LOOP_FRAMES, LOOP_FRAMES) and loop["samples"].shape == (LOOP_FRAMES * 3200,)
     assert loop_verdict(loop, precision)["passed"]
+
+
+def test_a_speech_frame_reads_the_upper_lm_once_for_both_cfg_streams(project, tiny_bundle):
+    """The positive and negative CFG streams take each speech frame in one batch-2 call, as the Python runtime's do
+    (the upper LM's weights read once a frame, not twice: most of a frame's time at full size). Text goes to the
+    positive stream alone, a window of 5 tokens per 6 frames; the last frame ends the loop before its feedback."""
+    frames = 13
+    with hosted(tiny_bundle) as (url, _):
+        answer = node(project, action="speak", bundle=url, text="A text long enough for three windows of five tokens.",
+                      options={"cache": False}, speak={"seed": 3, "maxFrames": frames})
+    assert answer["frames"] == frames and answer["stop"] == "max_frames", answer.get("error")
+    windows = -(-frames // 6)
+    assert answer["calls"]["lower_lm"] == windows
+    assert answer["calls"]["upper_lm"] == windows + frames - 1  # two calls a frame: windows + 2 * (frames - 1)
 
 
 def test_a_loop_louder_or_quieter_than_pythons_fails_the_gate_a_cosine_would_pass(project, tiny_bundle, tmp_path):

@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .families import KINDS, family
+from .families import KINDS, PRECISIONS, family
 from .errors import VibeVoiceError
 from .options import cli_type
 
@@ -358,7 +358,7 @@ def add_model_options(p, several: bool = False, then: str | None = None) -> None
     p.add_argument("--model", metavar="MODEL", action="append" if several else "store",
                    help=MODEL_HELP + (" (repeatable)" if several else ""))
     p.set_defaults(models_then=then, several_models=several)
-    p.add_argument("--precision", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
+    p.add_argument("--precision", choices=PRECISIONS,
                    help="the bundle of a checkpoint or Hub checkpoint to use, built on first use (default: the "
                    "fastest whose gates pass on the device: int8 on a CPU, else fp32, said in one sentence); a "
                    "bundle's own must match")
@@ -461,10 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "traced: exported from the PyTorch reference (the export extra); auto (default): written where "
                    "PyTorch is not installed, traced where it is")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "int8", "int4", "int4-mixed", "fp16"],
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp32; int8, int4 or int4-mixed weight-only (CPU; int4-mixed: 4 bits only where the "
                    "teacher-forced gates showed it harmless, 8 elsewhere; start from an fp32 bundle of the same "
-                   "checkpoint beside it when there is one); fp16 (GPU only)")
+                   "checkpoint beside it when there is one); int8-decoder (realtime): fp32 but the decoder in "
+                   "dynamic int8, the fastest in a browser's WASM; fp16 (GPU only)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the execution provider the bundle is for")
     p.add_argument("--tokenizer", metavar="PATH", help="Qwen2.5 tokenizer.json (file or directory) if the checkpoint has none")
     p.add_argument("--profile", choices=["dynamic", "fixed"], default="dynamic", help="fixed (realtime): every graph "

@@ -163,6 +163,9 @@ FAMILIES = (
 )
 BY_NAME = {f.name: f for f in FAMILIES}
 KINDS = tuple(BY_NAME)
+# The precisions a bundle is built at (each kind's policy says which it has; export.precision).
+# int8-decoder: fp32 but the decoder in dynamic int8, what onnxruntime-web runs fastest in WASM (docs/javascript.md).
+PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "int8-decoder", "fp16")
 
 
 def family(kind: str) -> Family:

@@ -37,7 +37,8 @@ async function answer({ action, bundle, options = {}, text, texts, speak = {}, c
     if (action === "speak") {
       const result = await tts.speak(text, speak);
       Object.assign(out, { samples: Array.from(result.samples), rate: result.sampleRate, frames: result.frames,
-                           stop: result.stopReason });
+                           stop: result.stopReason, calls: Object.fromEntries(Object.entries(tts.timings)
+                             .filter(([, v]) => Array.isArray(v)).map(([name, v]) => [name, v.length])) });
     }
     return out;
   } finally {

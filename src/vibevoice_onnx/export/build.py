@@ -20,14 +20,13 @@ from safetensors.numpy import save_file
 
 from ..checkpoints.checkpoint import Checkpoint
 from ..errors import VibeVoiceError
-from ..families import family, load, stage
+from ..families import PRECISIONS, family, load, stage
 from ..outputs import atomic_directory
 from ..runtime.bundle import FORMAT_VERSION, HOST_TENSORS, MANIFEST, record_files, write_manifest
 from ..runtime.manifest import Manifest
 from ..writer.graph import OPSET
 from .makers import TRACED, WRITTEN, torch_installed
 
-PRECISIONS = ("fp32", "int8", "int4", "int4-mixed", "fp16")
 _ONNX_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
                onnx.TensorProto.FLOAT16: "float16"}
 
@@ -124,7 +123,7 @@ def _exporter(kind: str):
     return stage(kind, "exporter", f"building {kind} checkpoints")
 
 
-VARIANTS = {"cpu": ("fp32", "int8", "int4", "int4-mixed"), "cuda": ("fp32", "fp16")}
+VARIANTS = {"cpu": ("fp32", "int8", "int4", "int4-mixed", "int8-decoder"), "cuda": ("fp32", "fp16")}
 
 
 def check_variant(device: str, precision: str) -> None:

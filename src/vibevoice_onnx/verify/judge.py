@@ -126,6 +126,7 @@ LIMITS = {
 
 
 LIMITS["int4-mixed"] = LIMITS["int4"]  # it holds 4-bit graphs: judged as int4 is
+LIMITS["int8-decoder"] = LIMITS["int8"]  # its one quantized graph is int8's decoder
 
 
 LOOP_REASONS = {  # written into every parity record beside the gates they explain (see Limits)

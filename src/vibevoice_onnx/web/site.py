@@ -39,7 +39,7 @@ def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> P
     if (bundle.info.profile_name, bundle.info.device) != ("dynamic", "cpu"):
         raise VibeVoiceError(f"{bundle.path}: a bundle of the {bundle.info.profile_name} profile built for "
                              f"{bundle.info.device}; the page runs bundles of the dynamic profile built for the CPU "
-                             "(fp32, int8 or int4-mixed; build --profile dynamic --device cpu)")
+                             "(fp32, int8-decoder, int8 or int4-mixed; build --profile dynamic --device cpu)")
     bundle.check_files()  # what the page is given is what was built and verified
     out = Path(out)
     if out.exists() and any(out.iterdir()):

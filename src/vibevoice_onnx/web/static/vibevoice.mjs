@@ -228,7 +228,7 @@ function checkRunnable(where, manifest) {
   if (manifest.model_kind !== "realtime") throw new Error(`${where}: a bundle of ${manifest.model_kind}; this module runs VibeVoice-Realtime bundles (realtime)`);
   const profile = manifest.profile?.name ?? "dynamic";
   if (profile !== "dynamic" || manifest.device !== "cpu") {
-    throw new Error(`${where}: a bundle of the ${profile} profile built for ${manifest.device}; this module runs bundles of the dynamic profile built for the CPU (fp32, int8 or int4-mixed; build --profile dynamic --device cpu)`);
+    throw new Error(`${where}: a bundle of the ${profile} profile built for ${manifest.device}; this module runs bundles of the dynamic profile built for the CPU (fp32, int8-decoder, int8 or int4-mixed; build --profile dynamic --device cpu)`);
   }
   const why = refusal(where, manifest);
   if (why) throw new Error(why);
@@ -600,7 +600,22 @@ function readSafetensors(bytes, name) {
   return tensors;
 }
 
-// ---- an LM stream: one row, its cache grown call by call (the graph returns past + the new positions) ----------
+// ---- LM calls: a KV cache grown call by call (the graph returns past + the new positions) ---------------------
+// One call of LM graph `name` for `rows` rows (each at its own length) taking `count` positions each: the hidden
+// states [rows, count, width] and the present K/V, as long as the longest row plus `count`.
+async function lmCall(tts, name, past, lengths, embeds, count, width) {
+  const { ort } = tts, session = tts.session(name), rows = lengths.length;
+  const positions = new BigInt64Array(rows * count).map((_, i) => BigInt(lengths[Math.floor(i / count)] + (i % count)));
+  const feeds = { inputs_embeds: new ort.Tensor("float32", embeds, [rows, count, width]),
+    position_ids: new ort.Tensor("int64", positions, [rows, count]),
+    seqlens_k: new ort.Tensor("int32", Int32Array.from(lengths, (n) => n + count - 1), [rows]),
+    total_sequence_length: new ort.Tensor("int32", Int32Array.of(Math.max(...lengths) + count), []) };
+  session.inputNames.slice(4).forEach((input, i) => { feeds[input] = past[i]; });
+  const outputs = await tts.call(name, feeds);
+  return { hidden: outputs[session.outputNames[0]].data, present: session.outputNames.slice(1).map((n) => outputs[n]) };
+}
+
+// One stream: a row alone, its cache exactly its length.
 class LmStream {
   constructor(tts, name, layers) {
     Object.assign(this, { tts, name, length: layers[0].dims[2] });
@@ -608,22 +623,64 @@ class LmStream {
   }
 
   async step(embeds, count, width) { // embeds [count, width] -> the hidden states [count, width]
-    const { ort } = this.tts, session = this.tts.session(this.name);
-    const positions = new BigInt64Array(count).map((_, i) => BigInt(this.length + i));
-    const feeds = { inputs_embeds: new ort.Tensor("float32", embeds, [1, count, width]),
-      position_ids: new ort.Tensor("int64", positions, [1, count]),
-      seqlens_k: new ort.Tensor("int32", Int32Array.of(this.length + count - 1), [1]),
-      total_sequence_length: new ort.Tensor("int32", Int32Array.of(this.length + count), []) };
-    session.inputNames.slice(4).forEach((name, i) => { feeds[name] = this.past[i]; });
-    const outputs = await this.tts.call(this.name, feeds);
-    this.past = session.outputNames.slice(1).map((name) => outputs[name]);
-    this.length += count;
-    return outputs[session.outputNames[0]].data;
+    const { hidden, present } = await lmCall(this.tts, this.name, this.past, [this.length], embeds, count, width);
+    Object.assign(this, { past: present, length: this.length + count });
+    return hidden;
+  }
+}
+
+// Both CFG streams of the upper LM (runtime.lm.BatchedGuidedStreams): row 0 the positive, row 1 the negative, each
+// at its own length in one cache as long as the longer. A speech frame goes to both in one batch-2 call (the
+// weights read once, and the same products as the Python runtime's, whose int8 scales span both rows); text goes
+// to the positive row alone.
+class GuidedStreams {
+  constructor(tts, positive, negative) {
+    Object.assign(this, { tts, lengths: [positive[0].dims[2], negative[0].dims[2]] });
+    this.past = this.joined(positive, negative);
   }
 
-  async last(embeds, count, width) { // the last position's hidden state [width]
-    return (await this.step(embeds, count, width)).slice((count - 1) * width, count * width);
+  joined(positive, negative) { // one-row K/V lists -> [2, KV, longest, D] tensors, each row zero-padded
+    const longest = Math.max(...this.lengths);
+    return positive.map((p, i) => new this.tts.ort.Tensor("float32", stackRows([p, negative[i]], longest),
+      [2, p.dims[1], longest, p.dims[3]]));
   }
+
+  row(r) { return this.past.map((t) => rowOf(t, r, this.lengths[r])); }
+
+  async text(embeds, count, width) { // the positive row's last hidden state [width]
+    const { ort } = this.tts, alone = this.row(0).map((t) => new ort.Tensor("float32", t.data, t.dims));
+    const { hidden, present } = await lmCall(this.tts, "upper_lm", alone, [this.lengths[0]], embeds, count, width);
+    const negative = this.row(1);
+    this.lengths[0] += count;
+    this.past = this.joined(present, negative);
+    return hidden.slice((count - 1) * width, count * width);
+  }
+
+  async speech(feedback, width) { // one frame to both rows: [positive hidden, negative hidden]
+    const embeds = new Float32Array(2 * width);
+    embeds.set(feedback); embeds.set(feedback, width);
+    const { hidden, present } = await lmCall(this.tts, "upper_lm", this.past, this.lengths, embeds, 1, width);
+    this.past = present;
+    this.lengths = this.lengths.map((n) => n + 1);
+    return [hidden.slice(0, width), hidden.slice(width, 2 * width)];
+  }
+}
+
+// Row r's first `length` positions of a K/V tensor [R, KV, L, D], as {dims: [1, KV, length, D], data} (a copy).
+function rowOf(t, r, length) {
+  const [, heads, had, dim] = t.dims, data = new Float32Array(heads * length * dim);
+  for (let h = 0; h < heads; h++) data.set(t.data.subarray((r * heads + h) * had * dim, ((r * heads + h) * had + length) * dim), h * length * dim);
+  return { dims: [1, heads, length, dim], data };
+}
+
+// One-row K/V tensors ([1, KV, L_i, D], each its own length) stacked as the data of [rows, KV, length, D].
+function stackRows(rows, length) {
+  const [, heads, , dim] = rows[0].dims, out = new Float32Array(rows.length * heads * length * dim);
+  rows.forEach((t, r) => {
+    const had = t.dims[2];
+    for (let h = 0; h < heads; h++) out.set(t.data.subarray(h * had * dim, (h + 1) * had * dim), (r * heads + h) * length * dim);
+  });
+  return out;
 }
 
 const add = (a, b) => a.map((x, i) => f(x + b[i]));
@@ -718,8 +775,7 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
   const scale = tensors.speech_scaling_factor.data[0], bias = tensors.speech_bias_factor.data[0];
   const textType = types.slice(width, 2 * width), speechType = types.slice(0, width);
   const maxPositions = tts.manifest.config.decoder_config?.max_position_embeddings ?? 32768; // checkpoints.configs
-  const lower = new LmStream(tts, "lower_lm", prompt.lm), positive = new LmStream(tts, "upper_lm", prompt.ttsLm);
-  const negative = new LmStream(tts, "upper_lm", prompt.negTtsLm);
+  const lower = new LmStream(tts, "lower_lm", prompt.lm), upper = new GuidedStreams(tts, prompt.ttsLm, prompt.negTtsLm);
   let hPos = prompt.positive, hNeg = prompt.negative;
   const decoder = new FrameDecoder(tts, decodeGroup, onAudio);
   let frames = 0, stopReason = null, offset = 0;
@@ -734,9 +790,9 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
     offset += window.length;
     textLeft = window.length > 0;
     if (window.length) {
-      if (positive.length + window.length > maxPositions) { stopReason = "max_length"; break; }
+      if (upper.positiveLength + window.length > maxPositions) { stopReason = "max_length"; break; }
       const lowerHidden = await lower.step(embed(window), window.length, width);
-      hPos = await positive.last(lowerHidden.map((x, i) => f(x + textType[i % width])), window.length, width);
+      hPos = await upper.text(lowerHidden.map((x, i) => f(x + textType[i % width])), window.length, width);
     }
     for (let n = 0; n < SPEECH_WINDOW; n++) {
       const z = await sampleLatent(tts, { positive: hPos, negative: hNeg, noise: noiseOf(frames), cfgScale, steps });
@@ -745,9 +801,8 @@ async function speak(tts, text, { voice, noise, seed, maxFrames = null, cfgScale
       if (maxFrames !== null && frames >= maxFrames) { stopReason = "max_frames"; break; }
       const connected = await tts.call("acoustic_connector", { latents: new ort.Tensor("float32", z, [1, 1, LATENT]) });
       const feedback = add(connected[Object.keys(connected)[0]].data, speechType);
-      if (positive.length + 1 > maxPositions) { stopReason = "max_length"; break; }
-      hPos = await positive.last(feedback, 1, width);
-      hNeg = await negative.last(feedback, 1, width);
+      if (upper.positiveLength + 1 > maxPositions) { stopReason = "max_length"; break; }
+      [hPos, hNeg] = await upper.speech(feedback, width);
       const eos = await tts.call("eos_classifier", { hidden_states: new ort.Tensor("float32", hPos, [1, width]) });
       const logit = eos[Object.keys(eos)[0]].data[0];
       if (1 / (1 + Math.exp(-logit)) > 0.5) { stopReason = "eos"; break; }
