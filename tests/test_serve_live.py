@@ -324,3 +324,27 @@ def test_sigterm_ends_running_streams_cleanly_and_exits(small_server):
     assert not listener.is_alive()
     audio, rate = sf.read(io.BytesIO(bytes(received)), dtype="int16")
     assert rate == 24000 and len(audio) == (len(received) - 44) // 2 and len(audio) % 3200 == 0
+
+
+@pytest.mark.parametrize("command", ["serve", "wyoming"])
+def test_an_address_out_of_range_or_taken_is_refused_in_one_sentence_before_serving(tiny_bundle, command):
+    """A port past 65535 is refused as a usage error (serve once announced port 99999 and listened on 34463, its
+    remainder mod 65536; wyoming ended in a traceback, as it did for a port that is no number); a port another
+    program holds is refused at once, in one sentence, before any model loads and never after "serving on"."""
+    from helpers import cli_run
+
+    if command == "wyoming":
+        pytest.importorskip("wyoming")
+    spell = {"serve": lambda port: ["--port", str(port)], "wyoming": lambda port: ["--uri", f"tcp://127.0.0.1:{port}"]}
+    for port in ("99999", "abc", "-1"):
+        done = cli_run(command, str(tiny_bundle), *spell[command](port), timeout=60)
+        assert done.returncode == 2 and "65535" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli_run(command, str(tiny_bundle), *spell[command](port), timeout=60)
+    where = f"127.0.0.1:{port}" if command == "serve" else f"tcp://127.0.0.1:{port}"
+    assert done.returncode == 2 and "serving" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().endswith(f"{where}: cannot listen there (Address already in use); give another "
+                                        f"{'--port, or 0 for any free one' if command == 'serve' else '--uri'}"), done.stderr

@@ -55,6 +55,11 @@ def test_web_writes_the_bundle_the_scripts_and_a_record_and_keeps_a_folder_it_di
         for _, target in package.files:
             assert (site / target).stat().st_size > 0, target
     assert (site / "index.html").is_file() and (site / "vibevoice.mjs").is_file()
+    # `web --check` or `--preview` after `web`, as a user runs them: the site is this one, so it stays with its record
+    (site / "browser-gates.json").write_text('{"passed": true, "checked": "by web --check"}\n')
+    kept = cli_run("web", str(bundle), "-o", str(site))
+    assert kept.returncode == 0 and "holds this site already" in kept.stderr, kept.stderr
+    assert json.loads((site / "browser-gates.json").read_text())["checked"] == "by web --check"
     (site / "mine.txt").write_text("a file of the user's")
     again = cli_run("web", str(bundle), "-o", str(site))
     assert again.returncode == 2 and "--force" in again.stderr and (site / "mine.txt").is_file()

@@ -164,12 +164,13 @@ def speech_like(seconds: float, rate: int, channels: int) -> np.ndarray:
     return (np.stack([wave * (1 - 0.2 * c) for c in range(channels)], 1) * 32767).astype("<i2")
 
 
-def transcription_events(pcm: np.ndarray, rate: int, name: str | None = None, piece: int = 1024) -> list:
+def transcription_events(pcm: np.ndarray, rate: int, name: str | None = None, piece: int = 1024, width: int = 2
+                         ) -> list:
     channels = pcm.shape[1]
     data = pcm.tobytes()
-    step = piece * 2 * channels
-    return [Transcribe(name=name, language="en"), AudioStart(rate, 2, channels),
-            *[AudioChunk(rate, 2, channels, data[i:i + step]) for i in range(0, len(data), step)], AudioStop()]
+    step = piece * width * channels
+    return [Transcribe(name=name, language="en"), AudioStart(rate, width, channels),
+            *[AudioChunk(rate, width, channels, data[i:i + step]) for i in range(0, len(data), step)], AudioStop()]
 
 
 def wav(path, pcm: np.ndarray, rate: int):
@@ -188,6 +189,34 @@ def test_a_transcript_equals_transcribes_text_whatever_rate_and_channels_come(se
     text = Transcript.from_event(answers[-1]).text
     assert text == (" ".join(segments) if segments else expected["text"].strip()) and text
     assert Transcript.from_event(answers[-1]).language == "en"
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_each_chunk_is_mixed_down_from_every_channel_and_scaled_by_its_width(width):
+    """A satellite's chunk as the model hears it: the mean of its channels (not one of them), full scale at ±1 for
+    16- and 32-bit PCM alike (docs/home-assistant.md promises both)."""
+    from vibevoice_onnx.serve.wyoming import Listening
+
+    full = 2 ** (8 * width - 1)
+    left = np.array([0.5, -0.25, 0.125, 0.0]) * full
+    right = np.array([-0.25, 0.75, 0.125, -0.5]) * full
+    pcm = np.stack([left, right], 1).astype(f"<i{width}")
+    listening = Listening(model=None, asked=Transcribe(), hotwords=None, rate=16000, width=width, channels=2)
+    samples = listening.samples(AudioChunk(16000, width, 2, pcm.tobytes()))
+    assert samples.dtype == np.float32
+    np.testing.assert_allclose(samples, [0.125, 0.25, 0.125, -0.25], rtol=0, atol=1e-6)
+
+
+def test_32_bit_audio_transcribes_as_the_same_audio_in_16_bits(server):
+    """The 32-bit path end to end (its scale is pinned above: the model normalises loudness, so a transcript
+    cannot tell)."""
+    pcm = speech_like(1.5, 16000, 1)
+    wide = pcm.astype("<i4") << 16  # the same samples, 32-bit
+    events = transcription_events(wide, 16000, "vibevoice-asr-cpu-fp32", width=4)
+    assert AudioStart.from_event(events[1].event()).width == 4
+    answers = talk(server, events, "transcript")
+    same = talk(server, transcription_events(pcm, 16000, "vibevoice-asr-cpu-fp32"), "transcript")
+    assert Transcript.from_event(answers[-1]).text == Transcript.from_event(same[-1]).text
 
 
 def test_streaming_transcription_sends_transcribe_streams_chunks(server, tiny_streaming_bundle, tmp_path):
@@ -235,6 +264,14 @@ def test_bytes_that_are_no_event_close_the_connection_with_an_error(server, raw,
 
 def test_a_stream_left_silent_is_closed_after_the_body_timeout(server):
     answers = talk(server, [AudioStart(16000, 2, 1)])
+    assert "nothing came for 3 s while a stream was open" in Error.from_event(answers[-1]).text
+
+
+def test_a_streamed_synthesis_left_silent_is_closed_after_the_body_timeout(server):
+    """Text streamed in, then nothing (no synthesize-stop): the client gets the audio of what came, then the same
+    error as a silent listener, and the connection ends instead of holding a generation slot for ever."""
+    answers = talk(server, [SynthesizeStart(voice=SynthesizeVoice(name="synthetic")),
+                            SynthesizeChunk("Text that starts, and then nothing more comes ")])
     assert "nothing came for 3 s while a stream was open" in Error.from_event(answers[-1]).text
 
 

@@ -403,6 +403,23 @@ def take_models(args) -> None:
     args.bundle = resolve(args.model)
 
 
+def listen_uri(text: str) -> str:
+    """--uri as argparse checks it (exit 2 with usage): tcp://HOST:PORT with a port from 1 to 65535, or unix://PATH."""
+    from urllib.parse import urlparse
+
+    where = urlparse(text)
+    try:
+        port = where.port if where.scheme == "tcp" else None
+    except ValueError:  # not a number, or past 65535
+        port = -1
+    if where.scheme == "unix" and where.path:
+        return text
+    if where.scheme == "tcp" and where.hostname and port is not None and 1 <= port <= 65535:
+        return text
+    raise argparse.ArgumentTypeError(f"{text}: give tcp://HOST:PORT with a port from 1 to 65535 (tcp://0.0.0.0:10200 "
+                                     "listens on the LAN) or unix://PATH")
+
+
 def add_server_options(p) -> None:
     """The limits and settings every server command takes (serve, wyoming), spelled once."""
     p.add_argument("--threads", type=cli_type("threads"), help="onnxruntime threads, shared by all (default: all cores)")
@@ -411,8 +428,8 @@ def add_server_options(p) -> None:
                    "step by step, each weight read once for all (transcriptions: their greedy decoding; default 4: on "
                    "2 cores at int8, realtime 1.38x the throughput of one stream, `bench --streams`); 1: each runs on "
                    "its own")
-    p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, 429 "
-                   "with Retry-After (default 16)")
+    p.add_argument("--max-queue", type=int, default=16, metavar="N", help="requests waiting for one; beyond, "
+                   "refused as busy (HTTP: a 429 with Retry-After; Wyoming: an error event) (default 16)")
     p.add_argument("--max-input-chars", type=int, default=4096, metavar="N", help="longest speech input (default 4096)")
     p.add_argument("--max-upload-mb", type=float, default=25.0, metavar="MB", help="largest upload (default 25)")
     p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info", help="info: a line per "
@@ -641,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", nargs="*", metavar="MODEL", help="realtime, 1.5B and ASR models, in any mix: " + MODEL_HELP)
     add_model_options(p, several=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+    p.add_argument("--port", type=cli_type("port"), default=8000, help="TCP port to listen on (default 8000)")
     add_server_options(p)
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health "
                    "(or set VIBEVOICE_API_KEY)")
@@ -659,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle", nargs="*", metavar="MODEL", help="realtime, 1.5B, ASR and ASR-Streaming models, in any "
                    "mix: " + MODEL_HELP)
     add_model_options(p, several=True)
-    p.add_argument("--uri", default="tcp://127.0.0.1:10200", help="where to listen: tcp://HOST:PORT or unix://PATH "
+    p.add_argument("--uri", type=listen_uri, default="tcp://127.0.0.1:10200", help="where to listen: tcp://HOST:PORT or unix://PATH "
                    "(default tcp://127.0.0.1:10200, this machine only; tcp://0.0.0.0:10200 for Home Assistant on "
                    "another machine)")
     p.add_argument("--zeroconf", nargs="?", const="vibevoice-onnx", metavar="NAME", help="announce the server on the "
@@ -701,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "whole loop) on PROVIDER (wasm, the default; webgpu: on Chromium's SwiftShader, WebGPU's kernels on the CPU) and "
                    "write the record into SITE, which the page shows; needs Selenium (the `browser` extra) and "
                    "Chromium with chromedriver")
-    p.add_argument("--preview", type=int, metavar="PORT", help="then serve SITE on 127.0.0.1:PORT with the headers it "
+    p.add_argument("--preview", type=cli_type("port"), metavar="PORT", help="then serve SITE on 127.0.0.1:PORT with the headers it "
                    "needs, to open it in a browser on this machine (0: any free port)")
     p.set_defaults(func=cmd_web)
 
@@ -756,8 +773,10 @@ def version_line() -> str:
         ours = "(not installed)"
     import onnxruntime
 
-    providers = ", ".join(p.removesuffix("ExecutionProvider") for p in onnxruntime.get_available_providers())
-    return f"vibevoice-onnx {ours} (onnxruntime {onnxruntime.__version__}: {providers})"
+    # the devices it can run on; Azure's provider calls a remote endpoint and runs nothing here
+    devices = [p.removesuffix("ExecutionProvider") for p in onnxruntime.get_available_providers()
+               if p != "AzureExecutionProvider"]
+    return f"vibevoice-onnx {ours} (onnxruntime {onnxruntime.__version__}, runs on: {', '.join(devices)})"
 
 
 class Terminated(KeyboardInterrupt):

@@ -17,3 +17,11 @@ class StorageFull(VibeVoiceError):
     """A write the file system refused for want of room: a full disk (ENOSPC), a quota (EDQUOT) or a file-size
     limit (EFBIG). What was being written is gone and what was there before is as it was; the server answers 507,
     and a batch job stops here rather than failing every item after."""
+
+
+def cannot_listen(where: str, error: OSError, instead: str) -> VibeVoiceError:
+    """A server's address refused (taken, not this machine's, not allowed), in the one sentence every server gives."""
+    import os
+
+    reason = os.strerror(error.errno) if error.errno else str(error)  # asyncio's errors carry no strerror
+    return VibeVoiceError(f"{where}: cannot listen there ({reason}); {instead}")

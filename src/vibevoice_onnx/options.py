@@ -32,6 +32,7 @@ LIMITS = {
     "max_streams": Limit(1, 256, True),  # generations batched on one model
     "sample_rate": Limit(1000, 768000, True),  # Hz of raw audio handed over
     "max_tokens_per_chunk": Limit(1, 2048, True),  # ASR-Streaming: text tokens per chunk (upstream's server caps 2048)
+    "port": Limit(0, 65535, True),  # TCP; 0: any free one (the server says which)
 }
 
 

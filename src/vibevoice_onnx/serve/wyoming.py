@@ -28,7 +28,7 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from ..errors import VibeVoiceError
+from ..errors import VibeVoiceError, cannot_listen
 from ..families import family
 from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK
 from ..requests import RequestError, Spelling, TranscriptionRequest, checked
@@ -549,10 +549,13 @@ async def serve(models: Models, settings: Settings, uri: str, seed: int | None =
 
 async def _listen(uri: str, on_connect) -> asyncio.AbstractServer:
     where = urlparse(uri)
-    if where.scheme == "tcp" and where.hostname and where.port is not None:
-        return await asyncio.start_server(on_connect, where.hostname, where.port, limit=MAX_LINE)
-    if where.scheme == "unix" and where.path:
-        return await asyncio.start_unix_server(on_connect, where.path, limit=MAX_LINE)
+    try:
+        if where.scheme == "tcp" and where.hostname and where.port is not None:
+            return await asyncio.start_server(on_connect, where.hostname, where.port, limit=MAX_LINE)
+        if where.scheme == "unix" and where.path:
+            return await asyncio.start_unix_server(on_connect, where.path, limit=MAX_LINE)
+    except OSError as error:
+        raise cannot_listen(uri, error, "give another --uri") from None
     raise VibeVoiceError(f"--uri {uri}: give tcp://HOST:PORT (tcp://0.0.0.0:10200 listens on the LAN) or unix://PATH")
 
 

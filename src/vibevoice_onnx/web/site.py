@@ -5,6 +5,7 @@ serves it (with the cross-origin isolation headers, WASM runs multi-threaded; se
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import functools
 import http.server
 import threading
@@ -14,8 +15,9 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from ..errors import VibeVoiceError
+from ..errors import VibeVoiceError, cannot_listen
 from ..families import kinds_that
+from ..outputs import atomic_directory
 from ..runtime.bundle import Bundle, bundle_files
 from .npm import PACKAGES, unpack
 
@@ -33,7 +35,8 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript",
 
 def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> Path:
     """The site for the bundle at `bundle_dir` (a kind whose loop runs in the browser: realtime), written into
-    `out` (new or empty; `force`: replaced)."""
+    `out`: new or empty, or holding exactly this site already (then its browser gates record is kept: `web --check`
+    or `--preview` after `web`), or anything (`force`: replaced). Whole or not at all."""
     bundle = Bundle(Path(bundle_dir))
     bundle.require_kind(*kinds_that(in_browser=True))
     if (bundle.info.profile_name, bundle.info.device) != ("dynamic", "cpu"):
@@ -42,21 +45,34 @@ def write_site(bundle_dir: Path, out: Path, force: bool = False, log=print) -> P
                              "(fp32, int8-decoder, int8 or int4-mixed; build --profile dynamic --device cpu)")
     bundle.check_files()  # what the page is given is what was built and verified
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise VibeVoiceError(f"{out}: is not empty; give a new folder, or --force to replace what is there")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    copy_bundle_files(bundle.path, out / BUNDLE_FOLDER)
-    for package in PACKAGES:
-        log(f"  {package.name} {package.version} (npm, sha256 checked)")
-        unpack(package, out)
-    static = resources.files(__package__) / "static"
-    for name in ("index.html", "vibevoice.mjs"):
-        (out / name).write_bytes((static / name).read_bytes())
-    (out / SITE_RECORD).write_text(json.dumps(site_record(bundle), indent=2) + "\n")
-    (out / GATES_RECORD).write_text(json.dumps(UNCHECKED) + "\n")
+    with atomic_directory(out, action="writing the site") as partial:
+        copy_bundle_files(bundle.path, partial / BUNDLE_FOLDER)
+        for package in PACKAGES:
+            log(f"  {package.name} {package.version} (npm, sha256 checked)")
+            unpack(package, partial)
+        static = resources.files(__package__) / "static"
+        for name in ("index.html", "vibevoice.mjs"):
+            (partial / name).write_bytes((static / name).read_bytes())
+        (partial / SITE_RECORD).write_text(json.dumps(site_record(bundle), indent=2) + "\n")
+        (partial / GATES_RECORD).write_text(json.dumps(UNCHECKED) + "\n")
+        if out.is_dir() and any(out.iterdir()):
+            if same_site(partial, out):
+                shutil.copyfile(out / GATES_RECORD, partial / GATES_RECORD)
+                log(f"  {out} holds this site already: its browser gates record kept")
+            elif not force:
+                raise VibeVoiceError(f"{out}: is not empty; give a new folder, or --force to replace what is there")
     return out
+
+
+def same_site(written: Path, there: Path) -> bool:
+    """Whether `there` holds the files of the site just `written` and no other (its gates record aside)."""
+    def files(root: Path) -> set[Path]:
+        return {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
+
+    names = files(written)
+    return names == files(there) and all(
+        os.path.samefile(written / name, there / name) or filecmp.cmp(written / name, there / name, shallow=False)
+        for name in names - {Path(GATES_RECORD)})
 
 
 def site_record(bundle: Bundle) -> dict:
@@ -113,8 +129,7 @@ def site_server(site: Path, port: int, host: str = "127.0.0.1") -> http.server.T
     try:
         return http.server.ThreadingHTTPServer((host, port), functools.partial(IsolatedHandler, directory=str(site)))
     except OSError as e:
-        raise VibeVoiceError(f"{host}:{port}: cannot listen there ({e.strerror or e}); give another port, or 0 for "
-                             "any free one") from None
+        raise cannot_listen(f"{host}:{port}", e, "give another port, or 0 for any free one") from None
 
 
 @contextlib.contextmanager
