@@ -281,6 +281,12 @@ def test_compare_judges_the_worst_output_refuses_a_shape_and_takes_a_near_silent
     # near-silent only where every output's reference is: a loud one judges the gate by the tolerance
     mixed = compare("mixed", [reference[0] * 1.5, quiet[0]], [reference[0], quiet[0]], LIMITS["fp32"].graph)
     assert not mixed.passed and "near-silent" not in mixed.detail
+    # a gain below 1 in one output, beside outputs above it (a graph's states quieter, its audio louder): the
+    # quieter one is the worst, whichever way the others lean
+    for gains in ((1.0, 0.97, 1.01), (1.015, 0.97), (0.97, 1.02, 1.02)):
+        outputs = [reference[i] * g for i, g in enumerate(gains)]
+        judged = compare("quieter", outputs, list(reference[: len(gains)]), LIMITS["int8"].graph)
+        assert not judged.passed and judged.gain == pytest.approx(0.97, rel=1e-5), (gains, judged)
 
 
 def test_exact_on_cpu_says_so_and_leaves_other_devices_to_the_tolerance():

@@ -80,6 +80,14 @@ def product_weights(path) -> int:
     return sum(sizes.get(node.input[1], 0) for node in model.graph.node if node.op_type in ("MatMul", "Gemm"))
 
 
+def initializer_bytes(path) -> int:
+    import onnx
+
+    model = onnx.load(str(path))
+    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+               for t in model.graph.initializer)
+
+
 @pytest.fixture(scope="module")
 def profiled(tiny_bundle, tmp_path_factory):
     bundle = copy_bundle(tiny_bundle, tmp_path_factory.mktemp("profile") / "bundle")  # bench records in it
@@ -100,8 +108,15 @@ def test_bench_profile_puts_every_graph_against_its_floors(profiled):
     bundle, report = profiled
     profile, runtime = report["profile"], report["runtime"]
     assert set(profile["graphs"]) == set(runtime["graphs"])
+    graphs = json.loads((bundle / "manifest.json").read_text())["graphs"]
     for name, graph in profile["graphs"].items():
-        read = runtime["graph_weight_bytes"][name] * runtime["graphs"][name]["calls"] / runtime["frames"]
+        # the bytes a call reads, counted here from the bundle's files (not the report's own count): the graph and
+        # its external data, which hold every initializer
+        files = [bundle / graphs[name]["file"], *([bundle / graphs[name]["external_data"]]
+                                                  if graphs[name].get("external_data") else [])]
+        on_disk = sum(f.stat().st_size for f in files)
+        assert on_disk >= initializer_bytes(files[0]) > 0
+        read = on_disk * runtime["graphs"][name]["calls"] / runtime["frames"]
         assert graph["weight_bytes_per_frame"] == pytest.approx(read)
         assert graph["bandwidth_floor_ms_per_frame"] == pytest.approx(1000 * read / profile["bandwidth_bytes_per_second"])
         assert graph["floor_ms_per_frame"] == max(graph["bandwidth_floor_ms_per_frame"], graph["compute_floor_ms_per_frame"])

@@ -282,7 +282,7 @@ def test_overload_is_a_429_with_retry_after_and_a_leaving_client_frees_the_slot(
         speech(client, 1, 2, "pcm")
     assert busy.value.response.headers["retry-after"] == "1" and "busy" in busy.value.message
     long.__exit__(None, None, None)  # the client leaves mid-stream
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # catches a slot never freed; a loaded machine frees it in well under a second
     while True:  # the generation stops at its next frame, and the slot is free again
         try:
             assert len(speech(client, 1, 2, "pcm").content) == 2 * 3200 * 2
