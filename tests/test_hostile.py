@@ -174,6 +174,22 @@ def test_an_endless_body_is_cut_off_after_a_bounded_amount(server, answer):
     assert len(logged) == len(before) + 1 and f"status={answer}" in logged[-1], logged[len(before):]
 
 
+def test_a_client_that_stalls_mid_body_after_an_early_answer_gets_it_and_is_closed(server):
+    """A form that is no form, its body declared at 1 MB, a kilobyte of it sent, then nothing while the client still
+    holds the connection: the 400 goes out and the connection closes once the client has been silent a moment
+    (serve.http.LINGER_IDLE_SECONDS), neither held open for the rest nor kept alive for a next request."""
+    _, content_type = multipart({"model": "whisper-1"}, "file", 0)
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {2**20}")
+    connection = raw_request(server, head, b"not a form" + b"\0" * 1024)
+    connection.settimeout(120)  # catches a connection held open: the server waits seconds of silence, not minutes
+    reply = b""
+    with connection:
+        while chunk := connection.recv(65536):  # to the server's close
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400") and b"connection: close" in reply.lower(), reply
+
+
 def transcription_lines(server) -> list[str]:
     return [line for line in server.log.read_text().splitlines() if "POST /v1/audio/transcriptions" in line]
 
