@@ -145,6 +145,10 @@ def test_bench_profile_prints_and_plots_a_row_per_graph_and_refuses_what_it_cann
     bundle, report = profiled
     text = format_report(report)
     assert "floors        at" in text and all(f"  {name} " in text for name in report["profile"]["graphs"])
+    # the memory it reports is the run's (ru_maxrss before the bandwidth probe, which takes the process past it),
+    # said so: a user who sees the process at 2.2 GB and "peak memory 0.12 GB" was misled
+    assert f"the run's peak memory {report['runtime']['peak_memory_bytes'] / 1e9:.2f} GB" in text
+    assert "measured after the run (a probe of 512 MB whose copies take the process past the run's peak)" in text
     plot(report, tmp_path / "bench.png")  # matplotlib: in the test extra
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["bench", str(bundle), "--profile", "--streams", "2"]) == 2
