@@ -61,6 +61,16 @@ def test_index_covers_every_shard(tiny_checkpoints):
     assert index["metadata"]["total_size"] == sum(n for _, n in stored.values())
 
 
+def test_make_checkpoint_names_only_folders_of_the_users(tmp_path):
+    """What the demo prints first: the folder it writes, never the partial one beside it that it renames into place
+    (the realtime preset is made from the checkpoint while it is being written)."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "make-checkpoint", "realtime",
+                           str(tmp_path / "checkpoint"), "--size", "tiny"], capture_output=True, text=True, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and ".partial" not in said and f"{tmp_path / 'checkpoint'}/voices/synthetic.pt" in said, said
+
+
 def test_refuses_a_non_empty_output_directory(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(VibeVoiceError, match="not empty"):

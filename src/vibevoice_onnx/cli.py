@@ -44,9 +44,9 @@ def cmd_make_checkpoint(args) -> int:
         from .reference.presets import write_synthetic_preset
         from .text import load_tokenizer
 
-        write_synthetic_preset(load_realtime(checkpoint), load_tokenizer(checkpoint / "tokenizer.json"),
+        write_synthetic_preset(load_realtime(checkpoint, quiet=True), load_tokenizer(checkpoint / "tokenizer.json"),
                                checkpoint / "voices" / "synthetic.pt", args.seed)
-        print(f"  voice preset: {out / 'voices' / 'synthetic.pt'}", file=sys.stderr)
+        print(f"  voice preset: {out / 'voices' / 'synthetic.pt'} (made with the PyTorch reference)", file=sys.stderr)
 
     make_checkpoint(args.kind, out, size=args.size, seed=args.seed, dtype=args.dtype,
                     extras=add_preset if family(args.kind).voices == "preset" else None, variant=args.variant)

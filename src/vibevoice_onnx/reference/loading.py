@@ -148,8 +148,9 @@ def fp32_model_fits(files: CheckpointFiles, bytes_per_parameter: int = 4, beside
     return available is None or files.parameters() * bytes_per_parameter * MEMORY_ROOM + beside <= available
 
 
-def load_realtime(source: Checkpoint | Path):
-    """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict)."""
+def load_realtime(source: Checkpoint | Path, quiet: bool = False):
+    """Load a realtime checkpoint into the fp32 reference RealtimeModel (strict); `quiet`: without the line that
+    says so (a checkpoint still being written, whose folder's name is not the user's)."""
     from .realtime import RealtimeModel
 
     checkpoint = Checkpoint.open(source)
@@ -157,7 +158,8 @@ def load_realtime(source: Checkpoint | Path):
     dims = checkpoint.dims
     if not checkpoint.family.split_lm:  # RealtimeModel: a text-only LM under the TTS LM
         raise CheckpointError(f"{checkpoint.root}: is a {dims.kind} checkpoint, not realtime")
-    print(f"loading {checkpoint.root} into the PyTorch reference", file=sys.stderr, flush=True)
+    if not quiet:
+        print(f"loading {checkpoint.root} into the PyTorch reference", file=sys.stderr, flush=True)
     model = RealtimeModel(dims)
     load_into(model, checkpoint.files, dims.kind, realtime_to_reference)
     return model.eval()
