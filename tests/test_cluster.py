@@ -442,6 +442,27 @@ def test_serve_on_ray_that_cannot_start_says_why_in_a_sentence_and_leaves_no_ray
     assert processes_with(marker) == []
 
 
+def test_a_batch_job_on_its_own_cluster_exits_and_leaves_no_process_or_socket_behind(tiny_bundle, tmp_path):
+    """`batch synthesize` without --address starts a local Ray cluster and must take all of it down: the command
+    exits (a Ray thread or process left running would hold it, as one once held a test worker at its exit), and
+    nothing it started (the GCS, the raylet, workers: every process whose environment carries this run's marker)
+    is left, nor a socket any of them listened on."""
+    import subprocess
+    import uuid
+
+    marker = f"VIBEVOICE_TEST_RUN={uuid.uuid4().hex}"
+    items = write_items(tmp_path / "items.jsonl", synthesis_items(2))
+    run = subprocess.run([sys.executable, "-m", "vibevoice_onnx.cli", "batch", "synthesize", str(tiny_bundle),
+                          str(items), "-o", str(tmp_path / "out"), "--threads", "1"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})  # a hang
+    deadline = time.monotonic() + 60  # limits a hang only: its processes end as ray.shutdown returns
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == [], run.stderr  # and so no socket: a listening socket needs a process
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert [row["status"] for row in manifest(tmp_path / "out")] == ["ok", "ok"]
+
+
 def test_serve_on_ray_whose_proxy_ray_killed_is_one_sentence_and_the_cluster_is_shut_down(tiny_bundle, capsys,
                                                                                          monkeypatch):
     """What the bug report saw: Serve's controller killed a proxy that was slow to start, and serve.start raised
