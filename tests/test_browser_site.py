@@ -248,55 +248,56 @@ def test_the_page_speaks_from_its_form_and_plays_as_it_goes(host, browser):
     assert not errors(browser)
 
 
-def test_text_streamed_into_the_page_speaks_as_the_whole_text(host, browser, site_bundle):
+def test_text_streamed_into_the_page_speaks_what_python_speaks_for_the_whole_text(host, browser, site_bundle):
     """`stream()`: the text fed in pieces (split mid-word, in whitespace runs, with the demo's quotes) while the
-    loop runs gives the whole text's ids (Python's encode_tts_text) and the whole text's speech, sample for sample."""
+    loop runs gives the whole text's ids (Python's encode_tts_text) and, on the same noise rows, the speech the
+    Python runtime speaks for the whole text (`speak --noise`), judged as the whole-loop gate judges fp32."""
     from vibevoice_onnx.runtime.bundle import Bundle
     from vibevoice_onnx.text import encode_tts_text
+    from vibevoice_onnx.web.check import loop_verdict, whole_loop
 
     assert page(browser, f"{host}/fp32/")["ok"]
     text = "  Streamed \u201ctext\u201d, split   anywhere: mid-wo" + "rd, in spaces, and at the very end. "
     pieces = [text[i:i + 7] for i in range(0, len(text), 7)]
-    result = browser.execute_async_script("""
-        const done = arguments[arguments.length - 1], [text, pieces] = arguments, api = globalThis.vibevoice;
-        (async () => {
-          const options = {voice: "synthetic", seed: 9, maxFrames: 20};
-          const whole = await api.speak(text, options);
-          const stream = api.stream(options);
-          for (const piece of pieces) { stream.feed(piece); await new Promise((r) => setTimeout(r, 5)); }
-          stream.finish();
-          const streamed = await stream.done;
-          done({ids: stream.ids(), same: whole.samples.length === streamed.samples.length &&
-                  whole.samples.every((x, i) => x === streamed.samples[i]), frames: streamed.frames});
-        })().catch((e) => done({error: e.message}));
-        """, text, pieces)
-    assert "error" not in result, result
-    assert result["ids"] == encode_tts_text(Bundle(site_bundle).tokenizer, text)
-    assert result["same"] and result["frames"] == 20
+    ids = []
+
+    def streamed(_, rows, frames, voice):  # whole_loop's speaker, fed the text in pieces
+        result = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1], [pieces, noise, maxFrames, voice] = arguments;
+            (async () => {
+              const stream = globalThis.vibevoice.stream({voice, noise, maxFrames});
+              for (const piece of pieces) { stream.feed(piece); await new Promise((r) => setTimeout(r, 5)); }
+              stream.finish();
+              const r = await stream.done;
+              done({samples: Array.from(r.samples), rate: r.sampleRate, frames: r.frames, ids: stream.ids()});
+            })().catch((e) => done({error: e.message}));
+            """, pieces, rows.tolist(), frames, voice)
+        ids.extend(result.get("ids", []))
+        return result
+
+    loop = whole_loop(streamed, site_bundle, "synthetic", text=text, frames=20)
+    assert ids == encode_tts_text(Bundle(site_bundle).tokenizer, text)
+    verdict = loop_verdict(loop, "fp32")
+    assert verdict["passed"] and loop["frames"] == (20, 20), verdict
 
 
-def test_serve_offers_the_page_at_local_and_it_speaks_as_the_written_site(host, browser, site_bundle, tiny_asr_bundle,
-                                                                          tmp_path):
+def test_serve_offers_the_page_at_local_and_it_speaks_what_python_speaks(host, browser, site_bundle, tiny_asr_bundle,
+                                                                         tmp_path):
     """`serve`'s /local/: the same page for each served realtime bundle, cross-origin isolated (WASM threads), its
-    speech the written site's sample for sample (new path == old path)."""
+    speech on given noise rows the Python runtime's (`speak --noise`), judged as the whole-loop gate judges fp32."""
     from helpers import Server
+
+    from vibevoice_onnx.web.check import loop_verdict, page_speaker, whole_loop
 
     running = Server([site_bundle, tiny_asr_bundle], tmp_path / "server.log", key=None)  # a key withholds /local/
     try:
-        speak = """const done = arguments[arguments.length - 1];
-            const wait = () => globalThis.vibevoice ? globalThis.vibevoice.ready.then((api) =>
-                api.speak("Served, then computed in the tab.", {seed: 4, maxFrames: 6})).then(
-                (r) => done({samples: Array.from(r.samples), isolated: globalThis.crossOriginIsolated,
-                             threads: globalThis.vibevoice.threads}), (e) => done({error: e.message}))
-              : setTimeout(wait, 50);
-            wait();"""
-        browser.get(f"{running.url}/local/")
-        served = browser.execute_async_script(speak)
+        ready = page(browser, f"{running.url}/local/")
         assert browser.current_url == f"{running.url}/local/vibevoice-realtime-cpu-fp32/"
-        browser.get(f"{host}/fp32/")
-        written = browser.execute_async_script(speak)
-        assert "error" not in served and served["isolated"] and served["threads"] > 1, served
-        assert len(served["samples"]) == 6 * 3200 and served["samples"] == written["samples"]
+        assert ready["ok"] and ready["isolated"] and ready["threads"] > 1, ready
+        loop = whole_loop(page_speaker(browser), site_bundle, "synthetic", text="Served, then computed in the tab.",
+                          frames=6)
+        verdict = loop_verdict(loop, "fp32")
+        assert verdict["passed"] and loop["frames"] == (6, 6), verdict
         assert not errors(browser)
     finally:
         assert running.stop() == 0, (tmp_path / "server.log").read_text()
