@@ -98,13 +98,14 @@ def graph_maker(kind: str, profile, write: bool | None) -> str:
     return WRITTEN if write else TRACED
 
 
-def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
-    """A rebuild keeps the voices imported into the bundle it replaces, when they still fit the model."""
+def carry_over_voices(old_bundle: Path, new_bundle: Path, whence: str = "the previous bundle") -> None:
+    """A rebuild keeps the voices imported into the bundle it replaces (and a quantized build those of its fp32
+    sibling: a voice fits every precision of its model), when they still fit the model."""
     from ..runtime.bundle import Bundle
 
     if not (old_bundle / "voices").is_dir():
         return
-    bundle, kept = Bundle(new_bundle), []
+    bundle, kept = Bundle(new_bundle, providers=["CPUExecutionProvider"]), []  # read, never run: any device's
     for voice in sorted((old_bundle / "voices").glob("*.safetensors")):
         try:
             bundle.check_voice_file(voice)
@@ -113,7 +114,7 @@ def carry_over_voices(old_bundle: Path, new_bundle: Path) -> None:
             continue
         shutil.copyfile(voice, new_bundle / "voices" / voice.name)
         kept.append(f"voices/{voice.name}")
-        log(f"  kept voice {voice.stem} from the previous bundle")
+        log(f"  kept voice {voice.stem} from {whence}")
     if kept:
         write_manifest(new_bundle, record_files(new_bundle, bundle.info.to_dict(), kept))
 
@@ -137,17 +138,17 @@ def check_variant(device: str, precision: str) -> None:
         raise VibeVoiceError(f"{device}_{precision} bundles are not built: {why}build it with --device {other}")
 
 
-def reusable_fp32(kind_root: Path, source_hash: str, profile=None) -> Path | None:
-    """A complete fp32 bundle of the same checkpoint and profile beside the target, traced by the same tools: its
-    graphs are what a fresh export would give, so quantized variants start from them instead of exporting again.
-    (A written build quantizes as it writes, from no sibling.)"""
+def fp32_sibling(kind_root: Path, source_hash: str, profile=None, traced_alike: bool = False) -> Path | None:
+    """A complete fp32 bundle of the same checkpoint and profile beside the target (its voices fit the target).
+    `traced_alike`: and traced by the same tools, so its graphs are what a fresh export would give and quantized
+    variants start from them instead of exporting again (a written build quantizes as it writes, from none)."""
     compared, wanted = ("torch", "transformers", "onnx", "onnxscript"), tool_versions()
     for candidate in sorted(Path(kind_root).glob(f"*_fp32{profile.suffix if profile else ''}")):
         try:
             manifest = Manifest.read(candidate)
         except VibeVoiceError:
             continue
-        same_tools = manifest.tools.get("graphs", TRACED) == TRACED and \
+        same_tools = not traced_alike or manifest.tools.get("graphs", TRACED) == TRACED and \
             {k: manifest.tools.get(k) for k in compared} == {k: wanted[k] for k in compared}
         recorded_profile = manifest.profile or {}
         same_profile = recorded_profile.get("name") is None if profile is None else \
@@ -213,13 +214,11 @@ def _fresh_graphs(exporter, model, files, tmp: Path, schemes: dict, sibling: Pat
 
 
 def _copied_graphs(source: Path, tmp: Path) -> dict:
-    """The fp32 sibling's graphs, host tensors and voices (a voice fits every precision of its model)."""
+    """The fp32 sibling's graphs and host tensors."""
     manifest = Manifest.read(source)
     for graph in manifest.graphs.values():
         _copy_graph(source, graph, tmp)
     shutil.copyfile(source / manifest.host_tensors, tmp / HOST_TENSORS)
-    shutil.copytree(source / "voices", tmp / "voices", ignore=shutil.ignore_patterns(".*"))
-    log(f"  kept {len(list((tmp / 'voices').glob('*.safetensors')))} voice(s) of {source}")
     return manifest.graphs
 
 
@@ -297,7 +296,8 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
     # A kind that streams its large weights quantizes them as they stream, never from a whole fp32 graph: from
     # an fp32 sibling it takes only the graphs that stay fp32. Written graphs are quantized as they are written.
     reuses = precision != "fp32" and made_by == TRACED
-    source = reusable_fp32(final.parent, source_hash, profile) if reuses else None
+    source = fp32_sibling(final.parent, source_hash, profile, traced_alike=True) if reuses else None
+    voices_from = fp32_sibling(final.parent, source_hash, profile) if precision != "fp32" else None
     fresh = source is None or hasattr(exporter, "streamed_weights")
     if fresh and exporter is not None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -334,5 +334,7 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
             **({"profile": profile_record} if profile_record else {}),
         }
         (tmp / MANIFEST).write_text(json.dumps(record_files(tmp, manifest), indent=2) + "\n")
+        if voices_from is not None:
+            carry_over_voices(voices_from, tmp, f"the fp32 bundle beside it ({voices_from.name})")
     log(f"built {final} in {time.perf_counter() - started:.1f} s")
     return final
