@@ -404,20 +404,14 @@ def take_models(args) -> None:
 
 
 def listen_uri(text: str) -> str:
-    """--uri as argparse checks it (exit 2 with usage): tcp://HOST:PORT with a port from 1 to 65535, or unix://PATH."""
-    from urllib.parse import urlparse
+    """--uri as argparse checks it (exit 2 with usage): errors.listen_address's rule."""
+    from .errors import listen_address
 
-    where = urlparse(text)
     try:
-        port = where.port if where.scheme == "tcp" else None
-    except ValueError:  # not a number, or past 65535
-        port = -1
-    if where.scheme == "unix" and where.path:
-        return text
-    if where.scheme == "tcp" and where.hostname and port is not None and 1 <= port <= 65535:
-        return text
-    raise argparse.ArgumentTypeError(f"{text}: give tcp://HOST:PORT with a port from 1 to 65535 (tcp://0.0.0.0:10200 "
-                                     "listens on the LAN) or unix://PATH")
+        listen_address(text)
+    except VibeVoiceError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def add_server_options(p) -> None:

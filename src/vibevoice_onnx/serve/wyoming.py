@@ -16,7 +16,6 @@ import re
 import socket
 from dataclasses import dataclass, field
 from importlib.metadata import version
-from urllib.parse import urlparse
 
 import numpy as np
 from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart, TranscriptStop
@@ -28,7 +27,7 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from ..errors import VibeVoiceError, cannot_listen
+from ..errors import VibeVoiceError, cannot_listen, listen_address
 from ..families import family
 from ..generation.asr_streaming import MAX_TOKENS_PER_CHUNK
 from ..requests import RequestError, Spelling, TranscriptionRequest, checked
@@ -548,15 +547,13 @@ async def serve(models: Models, settings: Settings, uri: str, seed: int | None =
 
 
 async def _listen(uri: str, on_connect) -> asyncio.AbstractServer:
-    where = urlparse(uri)
+    scheme, where, port = listen_address(uri)
     try:
-        if where.scheme == "tcp" and where.hostname and where.port is not None:
-            return await asyncio.start_server(on_connect, where.hostname, where.port, limit=MAX_LINE)
-        if where.scheme == "unix" and where.path:
-            return await asyncio.start_unix_server(on_connect, where.path, limit=MAX_LINE)
+        if scheme == "tcp":
+            return await asyncio.start_server(on_connect, where, port, limit=MAX_LINE)
+        return await asyncio.start_unix_server(on_connect, where, limit=MAX_LINE)
     except OSError as error:
         raise cannot_listen(uri, error, "give another --uri") from None
-    raise VibeVoiceError(f"--uri {uri}: give tcp://HOST:PORT (tcp://0.0.0.0:10200 listens on the LAN) or unix://PATH")
 
 
 async def _announce(name: str, uri: str):
@@ -564,21 +561,19 @@ async def _announce(name: str, uri: str):
     machine's LAN address where it listens on all of them)."""
     from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
-    where = urlparse(uri)
-    if where.scheme != "tcp":
+    scheme, host, port = listen_address(uri)
+    if scheme != "tcp":
         raise VibeVoiceError("--zeroconf announces a TCP server: give --uri tcp://HOST:PORT")
-    host = where.hostname
     if host in ("0.0.0.0", "::"):
         host = _lan_address()
     elif host.startswith("127.") or host == "localhost":
         log.warning("--zeroconf announces %s, which only this machine reaches: listen on tcp://0.0.0.0:%d for Home "
-                    "Assistant on another machine", host, where.port)
+                    "Assistant on another machine", host, port)
     address = socket.gethostbyname(host)
     zeroconf = AsyncZeroconf(interfaces=[address])  # announced where it listens
     await zeroconf.async_register_service(AsyncServiceInfo(
-        "_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", addresses=[socket.inet_aton(address)],
-        port=where.port))
-    log.info("announced as %s._wyoming._tcp.local. at %s:%d (zeroconf)", name, address, where.port)
+        "_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", addresses=[socket.inet_aton(address)], port=port))
+    log.info("announced as %s._wyoming._tcp.local. at %s:%d (zeroconf)", name, address, port)
     return zeroconf
 
 
