@@ -53,7 +53,7 @@ def made_once(shared: Path, name: str, make) -> Path:
     return path
 
 
-TINY_KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf")
+TINY_KINDS = ("realtime", "1.5b", "large", "asr", "asr-hf", "asr-streaming", "asr-bitnet")  # streaming: the 1.5B variant
 
 
 @pytest.fixture(scope="session")
@@ -85,16 +85,38 @@ def tiny_preset(tiny_checkpoints, realtime_reference, tmp_path_factory) -> Path:
     return write_synthetic_preset(realtime_reference, tokenizer, tmp_path_factory.mktemp("preset") / "synthetic.pt")
 
 
-@pytest.fixture(scope="session")
-def tiny_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
-    """The tiny realtime checkpoint built into a bundle, with the synthetic voice imported. Treat as read-only."""
+def built_once(shared: Path, checkpoint: Path, precision: str = "fp32", graphs: str = "written", voice=None,
+               tokenizer: Path | None = None) -> Path:
+    """`checkpoint` built at `precision` (from its fp32 sibling, built first, as `build` does) into a bundle every
+    file of the run shares, keyed by what it is built from: the checkpoint, the precision, how its graphs are made
+    (written without torch unless a test is about tracing: seconds against tracing's half minute, and proven equal
+    to the traced graphs by test_writer) and the voice imported, (path, name). Read-only to tests."""
+    from vibevoice_onnx.checkpoints.checkpoint import Checkpoint
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.voice_store import import_voice
 
-    def make(root: Path) -> None:
-        import_voice(build_bundle(tiny_checkpoints["realtime"], root), tiny_preset, "synthetic")
+    kind = Checkpoint.open(checkpoint).dims.kind
+    key = "-".join([checkpoint.name, graphs, *([voice[1]] if voice else [])])
 
-    return made_once(shared_dir, "onnx", make) / "realtime" / "cpu_fp32"
+    def make(root: Path) -> None:
+        for each in dict.fromkeys(("fp32", precision)):
+            bundle = build_bundle(checkpoint, root, each, tokenizer=tokenizer, write=graphs == "written")
+            if voice:
+                import_voice(bundle, *voice)
+
+    return made_once(shared, f"built-{key}-{precision}", make) / kind / f"cpu_{precision}"
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
+    """The tiny realtime checkpoint built into a bundle (graphs written), the synthetic voice imported. Read-only."""
+    return built_once(shared_dir, tiny_checkpoints["realtime"], voice=(tiny_preset, "synthetic"))
+
+
+@pytest.fixture(scope="session")
+def tiny_traced_bundle(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
+    """tiny_bundle with its graphs traced by torch.onnx: for the tests of tracing itself. Read-only."""
+    return built_once(shared_dir, tiny_checkpoints["realtime"], graphs="traced", voice=(tiny_preset, "synthetic"))
 
 
 def verified_sibling(precision: str, tiny_checkpoints, tiny_bundle, shared_dir) -> Path:
@@ -104,7 +126,8 @@ def verified_sibling(precision: str, tiny_checkpoints, tiny_bundle, shared_dir) 
 
     def make(root: Path) -> None:
         copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
-        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision]) == 0
+        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision,
+                     "--graphs", "written"]) == 0
         assert verify_bundle(root / "realtime" / f"cpu_{precision}", tiny_checkpoints["realtime"], log=lambda _: None)["passed"]
 
     return made_once(shared_dir, f"onnx-{precision}", make) / "realtime" / f"cpu_{precision}"
@@ -138,47 +161,42 @@ def eos_early_rebuild(tiny_checkpoints, tiny_bundle, tmp_path_factory) -> tuple[
     set_tensor(checkpoint, "tts_eos_classifier.fc2.bias", np.array([12.0]))  # logit std ~1: fires at once
     previous = copy_bundle(tiny_bundle, root / "onnx" / "realtime" / "cpu_fp32")
     (previous / "stale.txt").write_text("from the old bundle")
-    return checkpoint, build_bundle(checkpoint, root / "onnx")
+    return checkpoint, build_bundle(checkpoint, root / "onnx", write=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_15b_bundle(tiny_checkpoints, shared_dir) -> Path:
     """The tiny 1.5B checkpoint built into a bundle, with a generated voice sample imported. Read-only."""
-    from vibevoice_onnx.export.build import build_bundle
-    from vibevoice_onnx.runtime.voice_store import import_voice
-
     def make(root: Path) -> None:
-        bundle = build_bundle(tiny_checkpoints["1.5b"], root)
-        import_voice(bundle, write_voice_sample(root / "alice.flac"), "alice")
+        root.mkdir()
+        write_voice_sample(root / "alice.flac")
 
-    return made_once(shared_dir, "onnx15b", make) / "1.5b" / "cpu_fp32"
+    sample = made_once(shared_dir, "voice-sample", make) / "alice.flac"
+    return built_once(shared_dir, tiny_checkpoints["1.5b"], voice=(sample, "alice"))
 
 
 @pytest.fixture(scope="session")
-def tiny_asr_bundle(tiny_checkpoints, shared_dir) -> Path:
-    """The tiny ASR checkpoint built into ROOT/onnx/asr/cpu_fp32, its tokenizer at ROOT/tokenizer.json. Read-only."""
+def tiny_asr_tokenizer(shared_dir) -> Path:
+    """The tiny Qwen tokenizer the ASR checkpoint (which ships none) is built with."""
     from vibevoice_onnx.checkpoints.tokenizer import build_tokenizer
-    from vibevoice_onnx.export.build import build_bundle
 
     def make(root: Path) -> None:
         root.mkdir(parents=True)
         build_tokenizer("tiny")[0].save(str(root / "tokenizer.json"))
-        build_bundle(tiny_checkpoints["asr"], root / "onnx", tokenizer=root / "tokenizer.json")
 
-    return made_once(shared_dir, "asr-bundle", make) / "onnx" / "asr" / "cpu_fp32"
+    return made_once(shared_dir, "asr-tokenizer", make) / "tokenizer.json"
 
 
 @pytest.fixture(scope="session")
-def tiny_streaming_bundle(shared_dir) -> Path:
+def tiny_asr_bundle(tiny_checkpoints, tiny_asr_tokenizer, shared_dir) -> Path:
+    """The tiny ASR checkpoint built into a bundle with the tiny tokenizer. Read-only."""
+    return built_once(shared_dir, tiny_checkpoints["asr"], tokenizer=tiny_asr_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_streaming_bundle(tiny_checkpoints, shared_dir) -> Path:
     """A tiny ASR-Streaming bundle (the 1.5B variant, fp32: usable unverified), for live transcription. Read-only."""
-    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
-    from vibevoice_onnx.export.build import build_bundle
-
-    def make(root: Path) -> None:
-        make_checkpoint("asr-streaming", root / "checkpoint", size="tiny", seed=0, variant="1.5b")
-        build_bundle(root / "checkpoint", root / "onnx", "fp32")
-
-    return made_once(shared_dir, "streaming-bundle", make) / "onnx" / "asr-streaming" / "cpu_fp32"
+    return built_once(shared_dir, tiny_checkpoints["asr-streaming"])
 
 
 def write_voice_sample(path: Path, seconds: float = 2.5, rate: int = 16000, channels: int = 2, pitch: float = 180.0) -> Path:

@@ -36,7 +36,7 @@ def bundles(tmp_path_factory):
         make_checkpoint("asr-streaming", checkpoint, size="tiny", seed=0, variant=variant)
         built[variant] = {"checkpoint": checkpoint}
         for precision in ("fp32", "int8", "int4"):
-            bundle = build_bundle(checkpoint, root / f"onnx-{variant}", precision)
+            bundle = build_bundle(checkpoint, root / f"onnx-{variant}", precision, write=True)
             verify_bundle(bundle, log=lambda message: None)
             built[variant][precision] = bundle
     return built

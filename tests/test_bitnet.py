@@ -23,7 +23,7 @@ def tiny_bitnet(tmp_path_factory):
 def bitnet_bundle(tiny_bitnet, tmp_path_factory):
     from vibevoice_onnx.export.build import build_bundle
 
-    return build_bundle(tiny_bitnet, tmp_path_factory.mktemp("bitnet-onnx"))
+    return build_bundle(tiny_bitnet, tmp_path_factory.mktemp("bitnet-onnx"), write=True)
 
 
 def test_recognised_apart_from_the_7b_asr_and_asr_hf():
@@ -297,7 +297,7 @@ def test_int8_quantizes_the_head_and_the_encoders_and_keeps_the_lm_exact(tiny_bi
     from vibevoice_onnx.export.precision import policy
     from vibevoice_onnx.verify.common import verify_bundle
 
-    bundle = build_bundle(tiny_bitnet, tmp_path, precision="int8")
+    bundle = build_bundle(tiny_bitnet, tmp_path, precision="int8", write=True)
     manifest = json.loads((bundle / "manifest.json").read_text())
     products = {"lm_head": "MatMulNBits", "acoustic_encoder_stream": "MatMulInteger", "semantic_encoder_stream": "MatMulInteger"}
     assert set(policy("asr-bitnet", "int8")) == set(products)

@@ -123,8 +123,9 @@ def test_on_webgpu_only_the_int8_decoders_products_fall_back_to_wasm(host, brows
         if name != "acoustic_decoder_stream":
             assert list(providers) == ["WebGpuExecutionProvider"], (name, providers)
     decoder = placed["acoustic_decoder_stream"]
-    assert decoder["WebGpuExecutionProvider"]["nodes"] > decoder["CPUExecutionProvider"]["nodes"]
-    on_wasm = {op: n for op, n in decoder["CPUExecutionProvider"]["ops"].items() if op not in SHAPE_OPS}
+    wasm = decoder.get("CPUExecutionProvider", {"nodes": 0, "ops": {}})  # written graphs have no shape arithmetic
+    assert decoder["WebGpuExecutionProvider"]["nodes"] > wasm["nodes"]
+    on_wasm = {op: n for op, n in wasm["ops"].items() if op not in SHAPE_OPS}
     graph = onnx.load(bundle.path / bundle.info.graphs["acoustic_decoder_stream"]["file"], load_external_data=False)
     products = sum(node.op_type == "MatMulInteger" for node in graph.graph.node)
     assert (products > 0) == (precision == "int8")

@@ -18,9 +18,9 @@ GRAPHS = {"lower_lm", "upper_lm", "diffusion_head_conditioning", "diffusion_head
           "acoustic_connector", "eos_classifier", "acoustic_decoder_stream"}
 
 
-def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoints):
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert tiny_bundle.parts[-2:] == ("realtime", "cpu_fp32")
+def test_bundle_holds_every_graph_with_its_signature(tiny_traced_bundle, tiny_checkpoints):
+    manifest = json.loads((tiny_traced_bundle / "manifest.json").read_text())
+    assert tiny_traced_bundle.parts[-2:] == ("realtime", "cpu_fp32")
     assert manifest["model_kind"] == "realtime" and manifest["precision"] == "fp32"
     assert set(manifest["graphs"]) == GRAPHS
     assert manifest["config"] == json.loads((tiny_checkpoints["realtime"] / "config.json").read_text())
@@ -34,29 +34,29 @@ def test_bundle_holds_every_graph_with_its_signature(tiny_bundle, tiny_checkpoin
     assert upper["inputs"][0]["shape"][-1] == 64
     # the cache is attended and written by one GroupQueryAttention per layer (in place when bound so)
     for name, layers in (("lower_lm", 2), ("upper_lm", 4)):
-        nodes = onnx.load(str(tiny_bundle / manifest["graphs"][name]["file"])).graph.node
+        nodes = onnx.load(str(tiny_traced_bundle / manifest["graphs"][name]["file"])).graph.node
         assert [n.domain for n in nodes if n.op_type == "GroupQueryAttention"] == ["com.microsoft"] * layers
     stream = manifest["graphs"]["acoustic_decoder_stream"]
     assert len(stream["inputs"]) == 1 + len(stream["states"]) == len(stream["outputs"])
     for name, graph in manifest["graphs"].items():
-        model = onnx.load(str(tiny_bundle / graph["file"]))
+        model = onnx.load(str(tiny_traced_bundle / graph["file"]))
         onnx.checker.check_model(model)
         assert [i.name for i in model.graph.input] == [i["name"] for i in graph["inputs"]]
     from safetensors.numpy import load_file
 
-    host = load_file(tiny_bundle / "host.safetensors")
+    host = load_file(tiny_traced_bundle / "host.safetensors")
     assert host["embed_tokens"].shape == (512, 64) and host["tts_input_types"].shape == (2, 64)
     assert np.isfinite(float(host["speech_scaling_factor"]))
-    assert (tiny_bundle / "tokenizer.json").is_file()
-    assert {oct(p.stat().st_mode & 0o777) for p in tiny_bundle.iterdir() if p.is_file()} == {"0o644"}  # shareable
+    assert (tiny_traced_bundle / "tokenizer.json").is_file()
+    assert {oct(p.stat().st_mode & 0o777) for p in tiny_traced_bundle.iterdir() if p.is_file()} == {"0o644"}  # shareable
 
 
-def test_lm_graphs_do_not_carry_the_embedding_table(tiny_bundle):
-    model = onnx.load(str(tiny_bundle / "upper_lm.onnx"))
+def test_lm_graphs_do_not_carry_the_embedding_table(tiny_traced_bundle):
+    model = onnx.load(str(tiny_traced_bundle / "upper_lm.onnx"))
     assert not any(tuple(i.dims) == (512, 64) for i in model.graph.initializer)
 
 
-def test_lm_layers_run_as_few_fused_kernels(tiny_bundle, tmp_path):
+def test_lm_layers_run_as_few_fused_kernels(tiny_traced_bundle, tmp_path):
     """As onnxruntime's model builder writes Qwen2: per layer, once onnxruntime has optimized the graph, two
     fused RMSNorms, one product for q, k and v with its bias Add and the Split of its output, one
     GroupQueryAttention that also rotates (no rotary operators around it), o, gate, up and down, the SiLU, the
@@ -68,7 +68,7 @@ def test_lm_layers_run_as_few_fused_kernels(tiny_bundle, tmp_path):
 
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(tiny_bundle / "upper_lm.onnx"), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(tiny_traced_bundle / "upper_lm.onnx"), options, providers=["CPUExecutionProvider"])
     optimized = onnx.load(str(tmp_path / "optimized.onnx"))
     ops, layers = Counter(n.op_type for n in optimized.graph.node), 4
     assert ops["SimplifiedLayerNormalization"] == 2 * layers + 1 and ops["GroupQueryAttention"] == layers
@@ -78,7 +78,7 @@ def test_lm_layers_run_as_few_fused_kernels(tiny_bundle, tmp_path):
     assert rotary == [1] * layers
 
 
-def test_diffusion_head_graphs_run_as_few_fused_kernels(tiny_bundle, tmp_path):
+def test_diffusion_head_graphs_run_as_few_fused_kernels(tiny_traced_bundle, tmp_path):
     """The conditioning graph projects the activated condition once for every layer (one product, no Concat);
     the step graph's norms are each one SimplifiedLayerNormalization (seven operators in transformers' form)."""
     from collections import Counter
@@ -88,11 +88,11 @@ def test_diffusion_head_graphs_run_as_few_fused_kernels(tiny_bundle, tmp_path):
     def optimized_ops(name: str) -> Counter:
         options = ort.SessionOptions()
         options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
-        ort.InferenceSession(str(tiny_bundle / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(tiny_traced_bundle / f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
         return Counter(n.op_type for n in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node)
 
     conditioning, step = optimized_ops("diffusion_head_conditioning"), optimized_ops("diffusion_head_step")
-    layers = json.loads((tiny_bundle / "manifest.json").read_text())["config"]["diffusion_head_config"]["head_layers"]
+    layers = json.loads((tiny_traced_bundle / "manifest.json").read_text())["config"]["diffusion_head_config"]["head_layers"]
     # products: the condition's, the timestep MLP's two and one for every layer's modulation (8 as transformers
     # writes it, a projection a layer and a Concat of them); the one Concat left is the timestep's sin and cos
     assert conditioning["MatMul"] + conditioning["Gemm"] + conditioning["FusedGemm"] == 4 and conditioning["Concat"] == 1
@@ -100,11 +100,11 @@ def test_diffusion_head_graphs_run_as_few_fused_kernels(tiny_bundle, tmp_path):
     assert not step.keys() & {"Pow", "ReduceMean", "Sqrt", "Reciprocal"}
 
 
-def test_decoder_gelus_run_as_fused_kernels(tiny_bundle):
+def test_decoder_gelus_run_as_fused_kernels(tiny_traced_bundle):
     from collections import Counter
 
     for name in ("acoustic_decoder_stream",):
-        graph = onnx.load(str(tiny_bundle / f"{name}.onnx")).graph
+        graph = onnx.load(str(tiny_traced_bundle / f"{name}.onnx")).graph
         ops = Counter(node.op_type for node in graph.node)
         assert ops["Gelu"] > 0 and ops["Erf"] == 0, name  # none left spelt out op by op
         used = {value for node in graph.node for value in node.input}

@@ -28,11 +28,12 @@ TEXT = "Hello from the Hub."
 
 
 @pytest.fixture(scope="module")
-def by_hand(tiny_bundle, tmp_path_factory) -> Path:
-    """What the bundle built by hand from the same files (build, voices import) speaks."""
+def by_hand(tiny_traced_bundle, tmp_path_factory) -> Path:
+    """What the bundle built by hand from the same files (build, traced as with torch installed; voices import)
+    speaks."""
     out = tmp_path_factory.mktemp("by-hand") / "speech.wav"
     env = environment(out.parent)
-    cli("speak", tiny_bundle, TEXT, "--voice", "synthetic", "--seed", "7", "--max-frames", "12", "-o", out, env=env)
+    cli("speak", tiny_traced_bundle, TEXT, "--voice", "synthetic", "--seed", "7", "--max-frames", "12", "-o", out, env=env)
     return out
 
 

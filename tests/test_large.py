@@ -1,6 +1,6 @@
 """VibeVoice-Large (the 7B TTS) on a tiny checkpoint in its exact hub layout: recognised, loaded strictly with
-its head untied, built at int8 and int4 with the LM streamed from the shards, gated against the reference,
-spoken, benched; a head tied by mistake is caught by the gates."""
+its head untied, built at int8 (traced, the LM streamed from the shards) and int4 (written), gated against the
+reference, spoken, benched; a head tied by mistake is caught by the gates."""
 
 import json
 
@@ -18,11 +18,13 @@ SCRIPT = "Speaker 1: Hello there, how are you?\nSpeaker 2: Fine, thanks. And you
 
 @pytest.fixture(scope="module")
 def large(tiny_checkpoints, tmp_path_factory):
-    """The tiny Large checkpoint and its int8 and int4 bundles, each with a voice imported. Read-only."""
+    """The tiny Large checkpoint and its int8 (traced, the LM streamed from the shards) and int4 (graphs written)
+    bundles, each with a voice imported. Read-only."""
     root = tmp_path_factory.mktemp("large")
     voice = write_voice_sample(root / "alice.flac")
-    for precision in ("int8", "int4"):
-        assert main(["build", str(tiny_checkpoints["large"]), "-o", str(root), "--precision", precision]) == 0
+    for precision, graphs in (("int8", "traced"), ("int4", "written")):
+        assert main(["build", str(tiny_checkpoints["large"]), "-o", str(root), "--precision", precision,
+                     "--graphs", graphs]) == 0
         assert main(["voices", "import", str(root / "large" / f"cpu_{precision}"), str(voice), "--name", "alice"]) == 0
     return root
 
@@ -59,7 +61,7 @@ def test_int8_and_int4_stream_the_lm_and_follow_the_policy(large):
     for precision in ("int8", "int4"):
         manifest = json.loads((large / "large" / f"cpu_{precision}" / "manifest.json").read_text())
         graphs = manifest["graphs"]
-        assert manifest["model_kind"] == "large" and graphs["lm"]["precision"]["streamed"]
+        assert manifest["model_kind"] == "large" and bool(graphs["lm"]["precision"].get("streamed")) == (precision == "int8")
         for name, scheme in policy("large", precision).items():
             assert graphs[name]["precision"]["bits"] == scheme.bits, (precision, name)
         host = load_file(large / "large" / f"cpu_{precision}" / "host.safetensors")

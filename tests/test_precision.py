@@ -26,7 +26,8 @@ def variants(tiny_checkpoints, tiny_bundle, tmp_path_factory):
     root = tmp_path_factory.mktemp("precision")
     copy_bundle(tiny_bundle, root / "realtime" / "cpu_fp32")
     for precision in ("int8", "int4", "int4-mixed"):
-        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision]) == 0
+        assert main(["build", str(tiny_checkpoints["realtime"]), "-o", str(root), "--precision", precision,
+                     "--graphs", "written"]) == 0
     return root / "realtime"
 
 

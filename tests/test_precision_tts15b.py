@@ -24,7 +24,8 @@ def variants(tiny_checkpoints, tiny_15b_bundle, tmp_path_factory):
     root = tmp_path_factory.mktemp("precision15b")
     copy_bundle(tiny_15b_bundle, root / "1.5b" / "cpu_fp32")
     for precision in ("int8", "int4"):
-        assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", precision]) == 0
+        assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", precision,
+                     "--graphs", "written"]) == 0
     return root / "1.5b"
 
 
@@ -147,7 +148,7 @@ def upstream_variants(tmp_path_factory):
         pytest.skip("../shared/fixtures/checkpoints/tts15b-upstream-tiny is not available")
     root = tmp_path_factory.mktemp("upstream15b")
     for precision in ("fp32", "int8"):
-        assert main(["build", str(UPSTREAM_15B), "-o", str(root), "--precision", precision]) == 0
+        assert main(["build", str(UPSTREAM_15B), "-o", str(root), "--precision", precision, "--graphs", "written"]) == 0
     return root / "1.5b"
 
 

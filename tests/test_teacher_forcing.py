@@ -89,7 +89,8 @@ def hovering(tiny_checkpoints, tmp_path_factory):
     high_gain = high_gain_copy(tiny_checkpoints["realtime"], root / "high-gain")
     logits = eos_hovering_copy(high_gain, checkpoint, spread=0.3)
     for precision in ("fp32", "int8"):
-        assert main(["build", str(checkpoint), "-o", str(root / "onnx"), "--precision", precision]) == 0
+        assert main(["build", str(checkpoint), "-o", str(root / "onnx"), "--precision", precision,
+                     "--graphs", "written"]) == 0
     return logits, root / "onnx" / "realtime"
 
 

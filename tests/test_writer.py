@@ -54,10 +54,10 @@ def written(tiny_checkpoints, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def traced(tiny_bundle, tiny_checkpoints, tmp_path_factory) -> Path:
-    """The traced fp32 bundle the other tests use, and the traced int8 bundle made from it."""
+def traced(tiny_traced_bundle, tiny_checkpoints, tmp_path_factory) -> Path:
+    """The traced fp32 bundle, and the traced int8 bundle made from it."""
     root = tmp_path_factory.mktemp("traced") / "onnx"
-    shutil.copytree(tiny_bundle, root / "realtime" / "cpu_fp32")
+    shutil.copytree(tiny_traced_bundle, root / "realtime" / "cpu_fp32")
     build_bundle(tiny_checkpoints["realtime"], root, "int8", write=False)
     return root / "realtime"
 
@@ -100,8 +100,7 @@ ASR_BITWISE = ("lm_head", "acoustic_encoder_stream", "semantic_encoder_stream", 
 @pytest.mark.parametrize("kind, precision", [("asr", "fp32"), ("asr", "int8"), ("asr-hf", "fp32"),
                                              ("asr-streaming", "fp32")])
 def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(kind, precision, tiny_checkpoints,
-                                                                               tiny_asr_bundle, tiny_streaming_bundle,
-                                                                               tmp_path):
+                                                                               tiny_asr_tokenizer, tmp_path):
     """ASR in both hub layouts (transformers' names read through the upstream ones) and ASR-Streaming (its head
     tied to the embedding), written with torch blocked; int8 against the traced int8 built from the fp32 bundle
     beside it."""
@@ -109,13 +108,8 @@ def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(ki
 
     from vibevoice_onnx.runtime.bundle import HOST_TENSORS
 
-    tokenizer = tiny_asr_bundle.parents[2] / "tokenizer.json"
-    checkpoint = tiny_streaming_bundle.parents[2] / "checkpoint" if kind == "asr-streaming" else tiny_checkpoints[kind]
-    traced = {"asr": tiny_asr_bundle, "asr-streaming": tiny_streaming_bundle}.get(kind) or \
-        build_bundle(checkpoint, tmp_path / "traced", tokenizer=tokenizer, write=False)
-    if precision != "fp32":
-        shutil.copytree(traced, tmp_path / "traced" / kind / "cpu_fp32")
-        traced = build_bundle(checkpoint, tmp_path / "traced", precision, tokenizer=tokenizer, write=False)
+    tokenizer, checkpoint = tiny_asr_tokenizer, tiny_checkpoints[kind]
+    traced = build_bundle(checkpoint, tmp_path / "traced", precision, tokenizer=tokenizer, write=False)
     done = run_blocked(tmp_path, "build", str(checkpoint), "-o", str(tmp_path / "written"), "--precision", precision,
                        "--tokenizer", str(tokenizer))
     assert done.returncode == 0, done.stderr
