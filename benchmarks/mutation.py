@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -113,8 +115,11 @@ def main() -> int:
     where = scratch_copy(Path(args.scratch), args.sources, args.tests, args.reuse) if args.sources else REPO
     if not args.reuse:
         shutil.rmtree(where / "mutants", ignore_errors=True)
-        subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=where, stdout=subprocess.DEVNULL,
-                       check=True)
+        # every mutant is a pytest session of its own: the tiny checkpoints and bundles the tests share are made
+        # once for all of them here (tests/conftest.py's shared_dir), as once for all workers in a suite's run
+        with tempfile.TemporaryDirectory(prefix="vibevoice-onnx-mutation-fixtures-") as fixtures:
+            subprocess.run([*MUTMUT, "run", "--max-children", str(args.children)], cwd=where,
+                           stdout=subprocess.DEVNULL, check=True, env={**os.environ, "VIBEVOICE_TEST_SHARED_DIR": fixtures})
     outcomes = results(where)
     counts = Counter(outcomes.values())
     killed, survived = counts.get("killed", 0), counts.get("survived", 0)

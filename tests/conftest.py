@@ -22,17 +22,36 @@ REAL_PRESETS = {  # name: (L_lm, L_tts), facts sheet 2.4
 }
 
 
+# The files that take longest, started first (each worker takes whole files, in the order collected: one of these
+# collected last, as test_writer.py is alphabetically, ran alone at the end while the other worker had finished).
+# Only the order changes, so a file missing here or renamed costs time, never a result.
+LONGEST_FIRST = ("test_writer.py", "test_hub.py", "test_browser_site.py", "test_cluster.py", "test_precision_tts15b.py",
+                 "test_asr.py", "test_large.py", "test_teacher_gates.py", "test_bitnet.py", "test_precision.py",
+                 "test_javascript.py", "test_wyoming.py", "test_serve.py", "test_batching.py", "test_hub_kinds.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
+
+
 def need_shared_voices() -> Path:
     if not all((VOICES / f"{name}.pt").is_file() for name in REAL_PRESETS):
         pytest.skip("../shared/fixtures/voices is not available")
     return VOICES
 
 
+SHARED_DIR_ENV = "VIBEVOICE_TEST_SHARED_DIR"  # benchmarks/mutation.py: one for its many short runs of the same code
+
+
 @pytest.fixture(scope="session")
 def shared_dir(tmp_path_factory) -> Path:
     """A folder every xdist worker of this run sees (the parent of each worker's own base folder): what the
-    session fixtures make once for all workers lives there (the tiny checkpoints and their fp32 bundles). Read
-    from xdist's environment, not its `worker_id` fixture, so a run without xdist loaded (mutmut's) works too."""
+    session fixtures make once for all workers lives there (the tiny checkpoints and their bundles). Read from
+    xdist's environment, not its `worker_id` fixture, so a run without xdist loaded (mutmut's) works too; or the
+    folder SHARED_DIR_ENV names, which a caller running the same code many times gives each run."""
+    if os.environ.get(SHARED_DIR_ENV):
+        return Path(os.environ[SHARED_DIR_ENV])
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
@@ -76,13 +95,18 @@ def realtime_reference(tiny_checkpoints):
 
 
 @pytest.fixture(scope="session")
-def tiny_preset(tiny_checkpoints, realtime_reference, tmp_path_factory) -> Path:
+def tiny_preset(tiny_checkpoints, shared_dir) -> Path:
     """An upstream-format preset for the tiny realtime checkpoint, as make-checkpoint writes it."""
+    from vibevoice_onnx.reference.loading import load_realtime
     from vibevoice_onnx.reference.presets import write_synthetic_preset
     from vibevoice_onnx.text import load_tokenizer
 
-    tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
-    return write_synthetic_preset(realtime_reference, tokenizer, tmp_path_factory.mktemp("preset") / "synthetic.pt")
+    def make(root: Path) -> None:
+        root.mkdir()
+        tokenizer = load_tokenizer(tiny_checkpoints["realtime"] / "tokenizer.json")
+        write_synthetic_preset(load_realtime(tiny_checkpoints["realtime"]), tokenizer, root / "synthetic.pt")
+
+    return made_once(shared_dir, "preset", make) / "synthetic.pt"
 
 
 def built_once(shared: Path, checkpoint: Path, precision: str = "fp32", graphs: str = "written", voice=None,
