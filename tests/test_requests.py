@@ -215,3 +215,67 @@ def test_a_voice_name_with_braces_never_breaks_the_sentence(tiny_bundle, tmp_pat
     assert said.startswith(f"voice: the model has no voice '{name}'" if "{field}" not in name else "voice: the model")
     assert item_error(tiny_bundle, tmp_path, {"text": "Hello.", "voice": name}).startswith('"voice": the model has no')
     assert cli_error(capsys, tmp_path, tiny_bundle, "Hello.", "--voice", name).startswith("--voice: the model has no")
+
+
+def _limit_sentence(name: str, value) -> str:
+    from vibevoice_onnx.options import LIMITS
+
+    return f"{name} must be {LIMITS[name].describe()}, got {value!r}"
+
+
+NOTHING = __import__("vibevoice_onnx.text", fromlist=["NOTHING_TO_SPEAK"]).NOTHING_TO_SPEAK
+SPEAKERS_SHAPE = 'speakers maps each speaker\'s number to a voice: {"1": "alice", "2": "bob"}'
+
+
+@pytest.mark.parametrize("make, field, code, sentence", [
+    (lambda r: r.SpeechRequest("x" * 11, max_chars=10), "text", "invalid_value",
+     "text is 11 characters long, over the limit of 10"),
+    (lambda r: r.SpeechRequest(" \x00\x85 \u0090 "), "text", "empty_input", f"text {NOTHING}"),
+    (lambda r: r.SpeechRequest("Hi", voice="  "), "voice", "invalid_value", "voice must name a voice, got '  '"),
+    (lambda r: r.SpeechRequest("Hi", voice=7), "voice", "invalid_value", "voice must name a voice, got 7"),
+    (lambda r: r.SpeechRequest("Hi", voice_latents="both"), "voice_latents", "invalid_value",
+     "voice_latents must be sample or mean, got 'both'"),
+    (lambda r: r.SpeechRequest("Hi", speakers={True: "alice"}), "speakers", "invalid_value", SPEAKERS_SHAPE),
+    (lambda r: r.SpeechRequest("Hi", speakers={"1": "alice"}), "speakers", "invalid_value", SPEAKERS_SHAPE),
+    (lambda r: r.SpeechRequest("Hi", speakers={1: " "}), "speakers", "invalid_value", SPEAKERS_SHAPE),
+    (lambda r: r.SpeechRequest("Hi", speakers={None: 3}), "speakers", "invalid_value", SPEAKERS_SHAPE),
+    (lambda r: r.SpeechRequest("Hi", cfg_scale=99.0), "cfg_scale", "invalid_value", _limit_sentence("cfg_scale", 99.0)),
+    (lambda r: r.TranscriptionRequest(hotwords=3), "hotwords", "invalid_value", "hotwords must be text, got int"),
+    (lambda r: r.TranscriptionRequest(mean_latents="yes"), "mean_latents", "invalid_value",
+     "mean_latents must be true or false, got 'yes'"),
+    (lambda r: r.TranscriptionRequest(repetition_guard=1), "repetition_guard", "invalid_value",
+     "repetition_guard must be true or false, got 1"),
+    (lambda r: r.TranscriptionRequest(seed=-1), "seed", "invalid_value", _limit_sentence("seed", -1)),
+    (lambda r: r.TranscriptionRequest(max_new_tokens=0), "max_new_tokens", "invalid_value",
+     _limit_sentence("max_new_tokens", 0)),
+], ids=["text over max_chars", "nothing speakable", "blank voice", "voice not text", "voice_latents",
+        "speaker true", "speaker number as text", "speaker blank voice", "lone speaker voice not text", "cfg_scale",
+        "hotwords not text", "mean_latents not bool", "repetition_guard not bool", "seed", "max_new_tokens"])
+def test_each_refused_field_names_itself_with_its_code_and_sentence(make, field, code, sentence):
+    """The request layer itself, as every front-end meets it: the field named, the code an HTTP client reads
+    (empty_input for nothing to speak), and the sentence, before any model is looked at."""
+    from vibevoice_onnx import requests
+    from vibevoice_onnx.requests import RequestError
+
+    with pytest.raises(RequestError) as refused:
+        made = make(requests)
+        made.options() if isinstance(made, requests.TranscriptionRequest) else made.check()
+    assert (refused.value.field, refused.value.code, str(refused.value)) == (field, code, sentence)
+
+
+def test_a_request_within_its_limits_is_kept_as_given_and_cleaned_of_control_characters():
+    from vibevoice_onnx.requests import SpeechRequest, TranscriptionRequest
+
+    speech = SpeechRequest("Hi\x00 there\u0090.", voice="alice", speakers={None: "bob", 2: "carol"}, max_chars=16,
+                           cfg_scale=1.5, seed=3)
+    speech.check()
+    assert (speech.text, speech.voice, speech.speakers, speech.cfg_scale, speech.seed) == \
+        ("Hi there.", "alice", {None: "bob", 2: "carol"}, 1.5, 3)
+    assert SpeechRequest("x" * 10, max_chars=10).check() is None  # at the limit: kept
+    streamed = SpeechRequest("", text_stream=True)
+    streamed.check()  # a streamed text may start empty
+    assert streamed.text == ""
+    options = TranscriptionRequest(hotwords="Ray, ONNX", seed=4, max_new_tokens=9, mean_latents=True).options()
+    assert options == {"hotwords": "Ray, ONNX", "seed": 4, "mean_latents": True, "repetition_guard": True,
+                       "max_new_tokens": 9}
+    assert "max_new_tokens" not in TranscriptionRequest().options()  # the runtime's own cap
