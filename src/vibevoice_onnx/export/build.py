@@ -297,7 +297,7 @@ def build_bundle(source: Checkpoint | Path, out_root: Path = Path("onnx"), preci
     # an fp32 sibling it takes only the graphs that stay fp32. Written graphs are quantized as they are written.
     reuses = precision != "fp32" and made_by == TRACED
     source = fp32_sibling(final.parent, source_hash, profile, traced_alike=True) if reuses else None
-    voices_from = fp32_sibling(final.parent, source_hash, profile) if precision != "fp32" else None
+    voices_from = source or (fp32_sibling(final.parent, source_hash, profile) if precision != "fp32" else None)
     fresh = source is None or hasattr(exporter, "streamed_weights")
     if fresh and exporter is not None:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
