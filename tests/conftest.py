@@ -109,26 +109,25 @@ def tiny_preset(tiny_checkpoints, shared_dir) -> Path:
     return made_once(shared_dir, "preset", make) / "synthetic.pt"
 
 
-def built_once(shared: Path, checkpoint: Path, precision: str = "fp32", graphs: str = "written", voice=None,
-               tokenizer: Path | None = None) -> Path:
-    """`checkpoint` built at `precision` (from its fp32 sibling, built first, as `build` does) into a bundle every
-    file of the run shares, keyed by what it is built from: the checkpoint, the precision, how its graphs are made
-    (written without torch unless a test is about tracing: seconds against tracing's half minute, and proven equal
-    to the traced graphs by test_writer) and the voice imported, (path, name). Read-only to tests."""
+def built_once(shared: Path, checkpoint: Path, graphs: str = "written", voice=None, tokenizer: Path | None = None) -> Path:
+    """`checkpoint` built at fp32 into a bundle every file of the run shares, keyed by what it is built from: the
+    checkpoint, how its graphs are made (written without torch unless a test is about tracing: seconds against
+    tracing's half minute, and proven equal to the traced graphs by test_writer), the tokenizer given and the voice
+    imported, (path, name). Its quantized siblings: verified_sibling. Read-only to tests."""
     from vibevoice_onnx.checkpoints.checkpoint import Checkpoint
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.voice_store import import_voice
 
     kind = Checkpoint.open(checkpoint).dims.kind
-    key = "-".join([checkpoint.name, graphs, *([voice[1]] if voice else [])])
+    key = "-".join([checkpoint.name, graphs, *([tokenizer.parent.name] if tokenizer else []),
+                    *([voice[1]] if voice else [])])
 
     def make(root: Path) -> None:
-        for each in dict.fromkeys(("fp32", precision)):
-            bundle = build_bundle(checkpoint, root, each, tokenizer=tokenizer, write=graphs == "written")
-            if voice:
-                import_voice(bundle, *voice)
+        bundle = build_bundle(checkpoint, root, tokenizer=tokenizer, write=graphs == "written")
+        if voice:
+            import_voice(bundle, *voice)
 
-    return made_once(shared, f"built-{key}-{precision}", make) / kind / f"cpu_{precision}"
+    return made_once(shared, f"built-{key}", make) / kind / "cpu_fp32"
 
 
 @pytest.fixture(scope="session")

@@ -102,8 +102,8 @@ ASR_BITWISE = ("lm_head", "acoustic_encoder_stream", "semantic_encoder_stream", 
 def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(kind, precision, tiny_checkpoints,
                                                                                tiny_asr_tokenizer, tmp_path):
     """ASR in both hub layouts (transformers' names read through the upstream ones) and ASR-Streaming (its head
-    tied to the embedding), written with torch blocked; int8 against the traced int8 built from the fp32 bundle
-    beside it."""
+    tied to the embedding), written with torch blocked; int8 against the traced int8 (its LM streamed from the
+    shards)."""
     from safetensors.numpy import load_file
 
     from vibevoice_onnx.runtime.bundle import HOST_TENSORS

@@ -468,8 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="export a checkpoint into a verified-format ONNX bundle")
     p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="the checkpoint folder to export")
     p.add_argument("--graphs", choices=["auto", "written", "traced"], default="auto", help="written: the graphs "
-                   "written from the checkpoint without PyTorch (every kind, dynamic shapes; proven equal to the traced ones); "
-                   "traced: exported from the PyTorch reference (the export extra); auto (default): written where "
+                   "written from the checkpoint without PyTorch (every kind, dynamic shapes; proven equal to the traced "
+                   "ones); traced: exported from the PyTorch reference (the export extra); auto (default): written where "
                    "PyTorch is not installed, traced where it is")
     p.add_argument("-o", "--out-root", default="onnx", help="bundles go to OUT_ROOT/KIND/DEVICE_PRECISION (default ./onnx)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
