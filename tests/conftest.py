@@ -109,11 +109,13 @@ def tiny_preset(tiny_checkpoints, shared_dir) -> Path:
     return made_once(shared_dir, "preset", make) / "synthetic.pt"
 
 
-def built_once(shared: Path, checkpoint: Path, graphs: str = "written", voice=None, tokenizer: Path | None = None) -> Path:
-    """`checkpoint` built at fp32 into a bundle every file of the run shares, keyed by what it is built from: the
+def built_once(shared: Path, checkpoint: Path, graphs: str = "written", voice=None, tokenizer: Path | None = None,
+               precision: str = "fp32") -> Path:
+    """`checkpoint` built into a bundle every file of the run shares, keyed by what it is built from: the
     checkpoint, how its graphs are made (written without torch unless a test is about tracing: seconds against
-    tracing's half minute, and proven equal to the traced graphs by test_writer), the tokenizer given and the voice
-    imported, (path, name). Its quantized siblings: verified_sibling. Read-only to tests."""
+    tracing's half minute, and proven equal to the traced graphs by test_writer), the tokenizer given, the voice
+    imported, (path, name), and the precision: a quantized one is built beside a copy of the fp32 one, as `build`
+    makes it (a traced int8 takes the traced fp32 graphs it keeps), unverified. Read-only to tests."""
     from vibevoice_onnx.checkpoints.checkpoint import Checkpoint
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.runtime.voice_store import import_voice
@@ -121,13 +123,17 @@ def built_once(shared: Path, checkpoint: Path, graphs: str = "written", voice=No
     kind = Checkpoint.open(checkpoint).dims.kind
     key = "-".join([checkpoint.name, graphs, *([tokenizer.parent.name] if tokenizer else []),
                     *([voice[1]] if voice else [])])
+    fp32 = None if precision == "fp32" else built_once(shared, checkpoint, graphs, voice, tokenizer)
 
     def make(root: Path) -> None:
-        bundle = build_bundle(checkpoint, root, tokenizer=tokenizer, write=graphs == "written")
-        if voice:
+        if fp32:
+            copy_bundle(fp32, root / kind / "cpu_fp32")
+        bundle = build_bundle(checkpoint, root, precision, tokenizer=tokenizer, write=graphs == "written")
+        if voice and not fp32:  # a quantized build carries the fp32 sibling's voices
             import_voice(bundle, *voice)
 
-    return made_once(shared, f"built-{key}", make) / kind / "cpu_fp32"
+    suffix = "" if precision == "fp32" else f"-{precision}"
+    return made_once(shared, f"built-{key}{suffix}", make) / kind / f"cpu_{precision}"
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from vibevoice_onnx.generation.asr import encoder_means, run_transcription, stop
 from vibevoice_onnx.reference.asr import LM_WEIGHTS, load_asr
 from vibevoice_onnx.transcription import build_asr_prompt
 
-from conftest import copy_bundle
+from conftest import built_once, copy_bundle
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +190,16 @@ def test_transcribe_cli_keeps_the_good_results_when_one_input_is_bad(asr_bundle,
 
 
 @pytest.fixture(scope="module")
-def quantized_asr_bundles(asr_bundle, tiny_checkpoints, tiny_asr_tokenizer):
+def quantized_asr_bundles(asr_bundle, tiny_checkpoints, tiny_asr_tokenizer, shared_dir):
+    """int8 traced (the LM streamed from the shards; the run's, shared with test_writer, copied to be verified
+    here) and int4 written, beside the fp32 bundle."""
     from vibevoice_onnx.cli import main
 
     root = asr_bundle.parent.parent
-    for precision, graphs in (("int8", "traced"), ("int4", "written")):  # traced: the LM streamed from the shards
-        assert main(["build", str(tiny_checkpoints["asr"]), "-o", str(root), "--precision", precision,
-                     "--tokenizer", str(tiny_asr_tokenizer), "--graphs", graphs]) == 0
+    copy_bundle(built_once(shared_dir, tiny_checkpoints["asr"], "traced", tokenizer=tiny_asr_tokenizer, precision="int8"),
+                root / "asr" / "cpu_int8")
+    assert main(["build", str(tiny_checkpoints["asr"]), "-o", str(root), "--precision", "int4",
+                 "--tokenizer", str(tiny_asr_tokenizer), "--graphs", "written"]) == 0
     return {precision: root / "asr" / f"cpu_{precision}" for precision in ("int8", "int4")}
 
 

@@ -21,7 +21,8 @@ def test_open_returns_an_open_checkpoint_unchanged_and_derives_what_it_is(tiny_c
 
 def test_one_opened_checkpoint_serves_build_and_verify(tiny_checkpoints, tmp_path):
     """Opened, hashed, and then its config.json and weight index deleted: a build and a verify that reopened
-    the checkpoint anywhere would fail on the missing files."""
+    the checkpoint anywhere would fail on the missing files. (The build writes its graphs; verify loads the
+    PyTorch model from the opened checkpoint, as tracing does.)"""
     from vibevoice_onnx.export.build import build_bundle
     from vibevoice_onnx.verify.common import verify_bundle
 
@@ -31,7 +32,7 @@ def test_one_opened_checkpoint_serves_build_and_verify(tiny_checkpoints, tmp_pat
     (root / "config.json").unlink()
     (root / INDEX_FILE).unlink(missing_ok=True)
 
-    bundle = build_bundle(checkpoint, tmp_path / "onnx")
+    bundle = build_bundle(checkpoint, tmp_path / "onnx", write=True)
     assert Bundle(bundle).info.source_hash == recorded_hash
     record = verify_bundle(bundle, checkpoint, log=lambda message: None)
     assert record["passed"], [g["name"] for g in record["gates"] if not g["passed"]]

@@ -275,7 +275,7 @@ def test_the_onnx_streaming_runtime_and_transcribe_stream_report_each_looping_ch
     from vibevoice_onnx.runtime.asr_streaming import StreamingTranscriber
 
     _, _, geometry, _, checkpoint = streaming
-    bundle = build_bundle(checkpoint, tmp_path / "onnx")
+    bundle = build_bundle(checkpoint, tmp_path / "onnx", write=True)  # the runtime is the subject: graphs written
     audio = clip(3 * geometry.chunk_samples, 0.002)
     live = StreamingTranscriber(bundle, mean_latents=True, force=True, warm=False)
     live.feed(audio, 24000)

@@ -53,13 +53,20 @@ def written(tiny_checkpoints, tmp_path_factory) -> Path:
     return root / "onnx" / "realtime"
 
 
+def traced_once(shared_dir, checkpoint: Path, precision: str = "fp32", **given) -> Path:
+    """The run's traced bundle of `checkpoint` (conftest.built_once: one trace a run for every file that needs
+    it), checked to be traced: a written one here would hold the writer to itself."""
+    from conftest import built_once
+
+    bundle = built_once(shared_dir, checkpoint, "traced", precision=precision, **given)
+    assert manifest(bundle)["tools"]["graphs"] == TRACED, bundle
+    return bundle
+
+
 @pytest.fixture(scope="module")
-def traced(tiny_traced_bundle, tiny_checkpoints, tmp_path_factory) -> Path:
-    """The traced fp32 bundle, and the traced int8 bundle made from it."""
-    root = tmp_path_factory.mktemp("traced") / "onnx"
-    shutil.copytree(tiny_traced_bundle, root / "realtime" / "cpu_fp32")
-    build_bundle(tiny_checkpoints["realtime"], root, "int8", write=False)
-    return root / "realtime"
+def traced(tiny_checkpoints, tiny_preset, shared_dir) -> Path:
+    """The traced fp32 bundle, and the traced int8 bundle made from it (FOLDER/cpu_fp32, FOLDER/cpu_int8)."""
+    return traced_once(shared_dir, tiny_checkpoints["realtime"], "int8", voice=(tiny_preset, "synthetic")).parent
 
 
 def graph_inputs(entry: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -100,7 +107,7 @@ ASR_BITWISE = ("lm_head", "acoustic_encoder_stream", "semantic_encoder_stream", 
 @pytest.mark.parametrize("kind, precision", [("asr", "fp32"), ("asr", "int8"), ("asr-hf", "fp32"),
                                              ("asr-streaming", "fp32")])
 def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(kind, precision, tiny_checkpoints,
-                                                                               tiny_asr_tokenizer, tmp_path):
+                                                                               tiny_asr_tokenizer, shared_dir, tmp_path):
     """ASR in both hub layouts (transformers' names read through the upstream ones) and ASR-Streaming (its head
     tied to the embedding), written with torch blocked; int8 against the traced int8 (its LM streamed from the
     shards)."""
@@ -109,7 +116,7 @@ def test_the_asr_graphs_written_without_torch_compute_what_the_traced_ones_do(ki
     from vibevoice_onnx.runtime.bundle import HOST_TENSORS
 
     tokenizer, checkpoint = tiny_asr_tokenizer, tiny_checkpoints[kind]
-    traced = build_bundle(checkpoint, tmp_path / "traced", precision, tokenizer=tokenizer, write=False)
+    traced = traced_once(shared_dir, checkpoint, precision, tokenizer=tokenizer)
     done = run_blocked(tmp_path, "build", str(checkpoint), "-o", str(tmp_path / "written"), "--precision", precision,
                        "--tokenizer", str(tokenizer))
     assert done.returncode == 0, done.stderr
@@ -167,37 +174,35 @@ LONG_FORM_BITWISE = ("diffusion_head_step", "acoustic_connector", "semantic_conn
 
 
 @pytest.fixture(scope="module")
-def long_form(tiny_checkpoints, tiny_15b_bundle, tmp_path_factory) -> Path:
+def long_form(tiny_checkpoints, shared_dir, tmp_path_factory) -> dict[str, Path]:
     """The tiny 1.5B's fp32 and int8 bundles written with torch blocked, and traced (the int8 ones from the fp32
-    one beside them, as `build` makes them): ROOT/{written,traced}/1.5b/cpu_*."""
+    one beside them, as `build` makes them): {"written": FOLDER, "traced": FOLDER}, each with cpu_fp32, cpu_int8."""
     root = tmp_path_factory.mktemp("long-form")
     for precision in ("fp32", "int8"):
         done = run_blocked(root, "build", str(tiny_checkpoints["1.5b"]), "-o", str(root / "written"),
                            "--precision", precision)
         assert done.returncode == 0, done.stderr
-    shutil.copytree(tiny_15b_bundle, root / "traced" / "1.5b" / "cpu_fp32")
-    build_bundle(tiny_checkpoints["1.5b"], root / "traced", "int8", write=False)
-    return root
+    return {"written": root / "written" / "1.5b",
+            "traced": traced_once(shared_dir, tiny_checkpoints["1.5b"], "int8").parent}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_the_15b_graphs_written_without_torch_compute_what_the_traced_ones_do(long_form, precision):
     """Its eight graphs: the LM, the head's two, both connectors, the whole-sequence acoustic encoder (a batch of
     2.04 frames: upstream's right padding), the streaming decoder and the streaming semantic encoder with states."""
-    written = long_form / "written" / "1.5b" / f"cpu_{precision}"
-    assert manifest(written)["tools"]["graphs"] == WRITTEN
-    assert_graphs_compute_alike(written, long_form / "traced" / "1.5b" / f"cpu_{precision}", LONG_FORM_BITWISE)
+    written, traced = (long_form[side] / f"cpu_{precision}" for side in ("written", "traced"))
+    assert manifest(written)["tools"]["graphs"] == WRITTEN and manifest(traced)["tools"]["graphs"] == TRACED
+    assert_graphs_compute_alike(written, traced, LONG_FORM_BITWISE)
 
 
-def test_the_large_graphs_written_compute_what_the_traced_ones_do(tiny_checkpoints, tmp_path):
+def test_the_large_graphs_written_compute_what_the_traced_ones_do(tiny_checkpoints, shared_dir, tmp_path):
     """Large: the 1.5B's graphs from the 7B's layout, and its untied head's rows among the host tensors."""
     from safetensors.numpy import load_file
 
     from vibevoice_onnx.runtime.bundle import HOST_TENSORS
 
-    for write in (True, False):
-        build_bundle(tiny_checkpoints["large"], tmp_path / str(write), write=write)
-    written, traced = (tmp_path / str(write) / "large" / "cpu_fp32" for write in (True, False))
+    written = build_bundle(tiny_checkpoints["large"], tmp_path, write=True)
+    traced = traced_once(shared_dir, tiny_checkpoints["large"])
     assert_graphs_compute_alike(written, traced, LONG_FORM_BITWISE)
     ours, theirs = (load_file(str(b / HOST_TENSORS)) for b in (written, traced))
     assert ours.keys() == theirs.keys() and "lm_head" in ours
@@ -254,20 +259,18 @@ def test_the_written_bundle_speaks_without_torch(written, tiny_preset, tmp_path)
     assert rate == 24000 and audio.size == 6 * 3200 and np.abs(audio).max() > 0
 
 
-def test_the_bitnet_graphs_written_without_torch_hold_the_traced_ternary_codes_bit_for_bit(tmp_path):
+def test_the_bitnet_graphs_written_without_torch_hold_the_traced_ternary_codes_bit_for_bit(tiny_checkpoints, shared_dir,
+                                                                                            tmp_path):
     """ASR-BitNet, written with torch blocked: its LM's BitLinear projections ternarized from the F32 latent weights
     as they are read and packed as 2-bit MatMulNBits (pack_ternary's form, without ever holding the fp32 LM): every
     quantized tensor the traced and packed bundle holds, bit for bit, at fp32 and int8, and every graph computing
     what the traced one does."""
-    from vibevoice_onnx.checkpoints.synthetic import make_checkpoint
-
-    make_checkpoint("asr-bitnet", tmp_path / "bitnet", size="tiny", seed=0)
+    checkpoint = tiny_checkpoints["asr-bitnet"]
     for precision in ("fp32", "int8"):
-        done = run_blocked(tmp_path, "build", str(tmp_path / "bitnet"), "-o", str(tmp_path / "written"), "--precision",
-                           precision)
+        done = run_blocked(tmp_path, "build", str(checkpoint), "-o", str(tmp_path / "written"), "--precision", precision)
         assert done.returncode == 0, done.stderr
-        build_bundle(tmp_path / "bitnet", tmp_path / "traced", precision, write=False)
-        written, traced = (tmp_path / side / "asr-bitnet" / f"cpu_{precision}" for side in ("written", "traced"))
+        written = tmp_path / "written" / "asr-bitnet" / f"cpu_{precision}"
+        traced = traced_once(shared_dir, checkpoint, precision)
         ours, theirs = (manifest(b)["graphs"]["lm"]["precision"] for b in (written, traced))
         counts = ("weight_bytes_before", "weight_bytes_after")  # the graphs' own small constants differ
         assert {k: v for k, v in ours.items() if k not in counts} == {k: v for k, v in theirs.items() if k not in counts}
@@ -285,7 +288,7 @@ def test_without_torch_verify_judges_the_15b_int8_bundle_against_the_fp32_one_be
     from vibevoice_onnx.verify.judge import TEACHER_REFERENCE
 
     for precision in ("fp32", "int8"):
-        shutil.copytree(long_form / "written" / "1.5b" / f"cpu_{precision}", tmp_path / "1.5b" / f"cpu_{precision}")
+        shutil.copytree(long_form["written"] / f"cpu_{precision}", tmp_path / "1.5b" / f"cpu_{precision}")
     done = run_blocked(tmp_path, "verify", str(tmp_path / "1.5b" / "cpu_int8"), "--json")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     record = json.loads(done.stdout)
