@@ -230,8 +230,14 @@ REALTIME_ID, TTS15B_ID, ASR_ID = "microsoft/VibeVoice-Realtime-0.5B", "microsoft
 
 
 def environment(tmp: Path, endpoint: str | None = None, offline: bool = False, home: Path | None = None,
-                hf_cache: Path | None = None) -> dict:
+                hf_cache: Path | None = None, base_install: bool = False) -> dict:
+    """A user's environment with its own caches under `tmp`; `base_install`: torch and transformers cannot be
+    imported (`pip install vibevoice-onnx` alone), so a first use writes its graphs."""
+    from helpers import torch_blocked_environment
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "VIBEVOICE_ONNX_HOME"}
+    if base_install:
+        env["PYTHONPATH"] = torch_blocked_environment(tmp)["PYTHONPATH"]
     env.update(HF_HUB_CACHE=str(hf_cache or tmp / "hf"), VIBEVOICE_ONNX_HOME=str(home or tmp / "home"),
                HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
     if endpoint:

@@ -69,9 +69,7 @@ def test_without_torch_a_hub_id_speaks_from_graphs_written_on_first_use(hub, by_
     checkpoint, writes the bundle's graphs, says so, and speaks what the traced bundle speaks (the LMs' rotary
     tables differ in the last bit: within one step of the 16-bit samples); without --precision, the int8 bundle
     is written and verified against those fp32 graphs, and used since it passes; later uses find each bundle."""
-    from helpers import torch_blocked_environment
-
-    env = {**environment(tmp_path, hub.endpoint), "PYTHONPATH": torch_blocked_environment(tmp_path)["PYTHONPATH"]}
+    env = environment(tmp_path, hub.endpoint, base_install=True)
     said = {}
     for name, precision in (("fp32", ["--precision", "fp32"]), ("default", []), ("again", [])):
         said[name] = cli("speak", "--model", REALTIME_ID, *precision, TEXT, "--voice", tiny_preset, "--seed", "7",
@@ -272,12 +270,13 @@ def test_push_refuses_an_unverified_a_failed_or_an_altered_bundle(first_use, tin
 def test_a_cached_bundle_that_failed_its_gates_is_kept_refused_and_never_rebuilt(tiny_checkpoints, tiny_preset, tmp_path):
     """A checkpoint's first use builds and verifies into the cache; when the verdict is a failure (the tiny
     realtime's int4 fails, as int4 does at full size) the bundle is kept with it: every later use refuses it
-    without building or verifying again, and --force uses it."""
-    env = environment(tmp_path)
+    without building or verifying again, and --force uses it. In the base install (its graphs written, judged
+    against the fp32 ones written beside them): the cache's rule is the same with torch."""
+    env = environment(tmp_path, base_install=True)
     speak = ["speak", "--model", tiny_checkpoints["realtime"], "--precision", "int4", TEXT, "--max-frames", "4",
              "--seed", "1", "--voice", tiny_preset, "-o", tmp_path / "x.wav"]
     first = cli(*speak, env=env, ok=False, timeout=600)
-    assert first.returncode == 2 and "first use: building and verifying" in first.stderr, first.stderr[-2000:]
+    assert first.returncode == 2 and "first use: writing the graphs of a realtime int4" in first.stderr, first.stderr[-2000:]
     assert "FAILED its gates" in first.stderr and "failed its parity gates" in first.stderr
     manifest = next((tmp_path / "home" / "bundles").glob("*/realtime/cpu_int4/manifest.json"))
     built = manifest.stat().st_mtime_ns
