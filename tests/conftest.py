@@ -25,9 +25,10 @@ REAL_PRESETS = {  # name: (L_lm, L_tts), facts sheet 2.4
 # The files that take longest, started first (each worker takes whole files, in the order collected: one of these
 # collected last, as test_writer.py is alphabetically, ran alone at the end while the other worker had finished).
 # Only the order changes, so a file missing here or renamed costs time, never a result.
-LONGEST_FIRST = ("test_writer.py", "test_hub.py", "test_browser_site.py", "test_cluster.py", "test_precision_tts15b.py",
-                 "test_asr.py", "test_large.py", "test_teacher_gates.py", "test_bitnet.py", "test_precision.py",
-                 "test_javascript.py", "test_wyoming.py", "test_serve.py", "test_batching.py", "test_hub_kinds.py")
+LONGEST_FIRST = ("test_writer.py", "test_browser_site.py", "test_cluster.py", "test_hub.py", "test_precision_tts15b.py",
+                 "test_large.py", "test_teacher_gates.py", "test_asr.py", "test_readme.py", "test_runtime.py",
+                 "test_batching.py", "test_gpu_benchmark.py", "test_precision.py", "test_asr_streaming_onnx.py",
+                 "test_fixed.py", "test_full_disk.py", "test_base_install.py", "test_tts15b.py")
 
 
 def pytest_collection_modifyitems(items) -> None:
