@@ -43,7 +43,7 @@ def results(where: Path) -> dict[str, str]:
 def change(name: str, where: Path) -> str:
     """The mutant's change, as the lines it removes and adds."""
     shown = subprocess.run([*MUTMUT, "show", name], cwd=where, capture_output=True, text=True).stdout
-    return "\n".join(line for line in shown.splitlines() if re.match(r"^[-+] ", line))
+    return "\n".join(line for line in shown.splitlines() if re.match(r"^[-+](?!--|\+\+)", line))  # not the headers
 
 
 # How a survivor is read: by what its change leaves different, once the parts that cannot matter are set aside.
@@ -67,15 +67,23 @@ TRIAGE = (
 )
 
 
+# Survivors read one by one and argued equivalent (or not worth a test, and why), by function and change:
+# [{"function": "vibevoice_onnx.outputs.x_file_sha256", "minus": LINE, "plus": LINE, "why": SENTENCE}, ...].
+ARGUED = Path(__file__).with_name("mutation-equivalents.json")
+
+
 def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
-    """Each survivor's reading (TRIAGE; "open": a test could kill it), counted."""
+    """Each survivor's reading (ARGUED, then TRIAGE; "open": a test could kill it), counted."""
+    argued = {(a["function"], a["minus"], a["plus"]): a["why"] for a in json.loads(ARGUED.read_text())}
     counts: Counter = Counter()
-    for found in survivors.values():
+    for function, found in survivors.items():
         for mutant in found:
             lines = mutant["change"].splitlines()
-            minus = " ".join(line[2:].strip() for line in lines if line.startswith("- "))
-            plus = " ".join(line[2:].strip() for line in lines if line.startswith("+ "))
-            mutant["triage"] = next((why for why, normalise in TRIAGE if _same(minus, plus, normalise)), "open")
+            minus = " ".join(line[1:].strip() for line in lines if line.startswith("-"))
+            plus = " ".join(line[1:].strip() for line in lines if line.startswith("+"))
+            why = argued.get((function, minus, plus))
+            mutant["triage"] = f"argued: {why}" if why else next(
+                (why for why, normalise in TRIAGE if minus != plus and _same(minus, plus, normalise)), "open")
             counts[mutant["triage"]] += 1
     return dict(counts)
 

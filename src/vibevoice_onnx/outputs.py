@@ -87,7 +87,8 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_stale_partials(folder: Path, log: Callable[[str], None] | None = None) -> list[Path]:
-    """Delete the partial outputs in `folder` whose writing process no longer runs; return what went."""
+    """Delete the partial outputs in `folder` whose writing process no longer runs; return what went. One that
+    will not go (a file held open on a network file system) stays for a later run, and stops nothing."""
     removed = []
     if not Path(folder).is_dir():
         return removed
@@ -98,7 +99,9 @@ def remove_stale_partials(folder: Path, log: Callable[[str], None] | None = None
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            entry.unlink(missing_ok=True)
+            entry.unlink(missing_ok=True)  # another run's cleanup may have been first
+        if os.path.lexists(entry):
+            continue
         removed.append(entry)
         if log:
             log(f"  removed {entry}, left by an earlier run that was killed (process {match['pid']})")
