@@ -104,7 +104,7 @@ def test_mp3_has_no_xing_header():
 
 
 def test_unknown_format_is_refused():
-    with pytest.raises(ValueError, match="unknown audio format 'ogg'"):
+    with pytest.raises(ValueError, match=r"^unknown audio format 'ogg'; choose from mp3, opus, aac, flac, wav, pcm$"):
         StreamEncoder("ogg")
     assert set(FORMATS) == {"mp3", "opus", "aac", "flac", "wav", "pcm"}
 
@@ -152,3 +152,117 @@ def test_lossy_bit_rates_keep_broadband_audio(fmt):
     decoded, _ = av_decoded(b"".join(encoded(fmt, noise)))
     lag = int(np.argmax(np.correlate(decoded[:6000], noise[:4000], "valid")))
     assert np.corrcoef(decoded[lag:lag + len(noise)], noise)[0, 1] > 0.9
+
+
+def first_line(call) -> str:
+    """The first line of what `call` raises (or its type's name): how an upload's refusal words each decoder."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise AssertionError("it did not fail")
+
+
+def test_what_soundfile_reads_it_decodes_without_pyav(tmp_path, monkeypatch):
+    """soundfile first, so an upload gives the samples `transcribe` reads from the same file, whatever PyAV
+    would make of it: here PyAV is out of reach."""
+    import soundfile as sf
+
+    from vibevoice_onnx.serve import codec
+
+    monkeypatch.setattr(codec, "_pyav", lambda path: pytest.fail("PyAV asked for a file soundfile reads"))
+    stereo = np.stack([tone(0.25), -0.5 * tone(0.25)], axis=1)
+    sf.write(tmp_path / "stereo.flac", stereo, 16000, subtype="PCM_16")
+    samples, rate = decode_upload(str(tmp_path / "stereo.flac"))
+    read, _ = sf.read(tmp_path / "stereo.flac", dtype="float32")
+    assert rate == 16000 and samples.dtype == np.float32 and samples.flags.c_contiguous
+    np.testing.assert_array_equal(samples, read.mean(axis=1, dtype=np.float32))
+    sf.write(tmp_path / "one.wav", np.array([[0.5, -0.25]], np.float32), 8000, subtype="FLOAT")  # a single frame
+    assert decode_upload(str(tmp_path / "one.wav"))[0].tolist() == [0.125]
+    sf.write(tmp_path / "mono.wav", tone(0.1), 8000, subtype="PCM_16")
+    mono, _ = sf.read(tmp_path / "mono.wav", dtype="float32")
+    np.testing.assert_array_equal(decode_upload(str(tmp_path / "mono.wav"))[0], mono)
+
+
+def test_what_soundfile_cannot_read_pyav_decodes_to_the_same_samples(tmp_path, monkeypatch):
+    """PyAV's path alone (soundfile made to refuse): a 16-bit stereo WAV gives soundfile's samples, the channels'
+    mean in float32 at the file's rate."""
+    import soundfile as sf
+
+    from vibevoice_onnx.serve import codec
+
+    monkeypatch.setattr(codec, "_soundfile", lambda path: (_ for _ in ()).throw(RuntimeError("refused")))
+    stereo = np.stack([tone(0.25), -0.5 * tone(0.25)], axis=1)
+    sf.write(tmp_path / "stereo.wav", stereo, 16000, subtype="PCM_16")
+    samples, rate = decode_upload(str(tmp_path / "stereo.wav"))
+    read, _ = sf.read(tmp_path / "stereo.wav", dtype="float32")
+    assert rate == 16000 and samples.dtype == np.float32
+    np.testing.assert_allclose(samples, read.mean(axis=1), atol=1e-7)
+
+
+def test_only_the_first_audio_stream_of_an_upload_is_heard(tmp_path):
+    import av
+
+    path = tmp_path / "two.mka"
+    first, second = tone(0.5), -tone(0.5)[::-1]
+    with av.open(str(path), "w", format="matroska") as container:
+        streams = [container.add_stream("pcm_s16le", rate=RATE, layout="mono") for _ in range(2)]
+        for stream, samples in zip(streams, (first, second)):
+            frame = av.AudioFrame.from_ndarray(to_pcm16(samples).reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate = RATE
+            container.mux(stream.encode(frame))
+            container.mux(stream.encode(None))
+    decoded, rate = decode_upload(str(path))
+    assert rate == RATE and len(decoded) == len(first)
+    np.testing.assert_allclose(decoded, to_pcm16(first) / 32768, atol=1e-6)
+
+
+def test_an_audio_stream_with_nothing_in_it_is_no_samples_at_its_rate(tmp_path, monkeypatch):
+    """Through PyAV (soundfile made to refuse): an empty 16 kHz WAV."""
+    import soundfile as sf
+
+    from vibevoice_onnx.serve import codec
+
+    monkeypatch.setattr(codec, "_soundfile", lambda path: (_ for _ in ()).throw(RuntimeError("refused")))
+    sf.write(tmp_path / "empty.wav", np.zeros(0, np.float32), 16000)
+    samples, rate = decode_upload(str(tmp_path / "empty.wav"))
+    assert samples.dtype == np.float32 and samples.shape == (0,) and rate == 16000
+
+
+def test_an_upload_with_no_audio_says_so_with_each_decoders_reason(tmp_path):
+    import av
+    import soundfile as sf
+
+    path = tmp_path / "video.mkv"
+    with av.open(str(path), "w", format="matroska") as container:
+        stream = container.add_stream("mpeg4", rate=1)
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+        for _ in range(2):
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")
+                                        .reformat(format="yuv420p")))
+        container.mux(stream.encode(None))
+    with pytest.raises(ValueError) as refused:
+        decode_upload(str(path))
+    assert str(refused.value) == f"{first_line(lambda: sf.read(str(path)))}; no audio stream"
+
+
+def test_a_refusal_names_each_decoders_first_line_or_its_errors_type(tmp_path):
+    import av
+    import soundfile as sf
+
+    from vibevoice_onnx.serve.codec import _reason
+
+    path = tmp_path / "upload.bin"
+    path.write_bytes(b"this is not audio at all\nsecond line" * 10)
+    with pytest.raises(ValueError) as refused:
+        decode_upload(str(path))
+    assert str(refused.value) == f"{first_line(lambda: sf.read(str(path)))}; {first_line(lambda: av.open(str(path)))}"
+    assert _reason(OSError("first\nsecond")) == "first" and _reason(KeyError()) == "KeyError"
+
+
+def test_a_stream_starts_at_time_zero():
+    """Ogg Opus carries time stamps: the first sample is at 0, so a player shows no offset."""
+    import av
+
+    with av.open(io.BytesIO(b"".join(encoded("opus", tone(0.5))))) as container:
+        assert container.streams.audio[0].start_time == 0
