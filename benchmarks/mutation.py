@@ -62,7 +62,8 @@ TRIAGE = (
      lambda line: DTYPES.sub(lambda m: (m.group(1) + ")") if m.group(1) else "astype()", line)),
     ("equivalent in practice: < for <= (or > for >=) between floats measured from data, equal with probability 0",
      lambda line: line.replace("<=", "<").replace(">=", ">")),
-    ("wording: only the text of a message or a record's key", lambda line: STRINGS.sub('""', line)),
+    ("wording: only the text of a message or a record's key",  # an f-string's {expressions} are not its text
+     lambda line: STRINGS.sub(lambda m: '"' + "".join(re.findall(r"\{[^{}]*\}", m[0])) + '"', line)),
     ("wording: an error's message", lambda line: ERRORS.sub("VibeVoiceError()", line)),
 )
 

@@ -181,3 +181,97 @@ def test_bench_profile_of_an_asr_bundle_puts_its_graphs_against_their_floors_per
     assert profile["graphs"]["lm"]["calls_per_frame"] >= 1  # a call per token after the prefill
     text = format_report(report)
     assert "ms a token against a floor of" in text and all(f"  {name} " in text for name in profile["graphs"])
+
+
+def test_onnxruntimes_profile_is_read_node_call_by_node_call(tmp_path):
+    """The profile's own format: only "Node" events that time a kernel count; shapes by input, an optional input
+    left out as an empty record; a call without a duration or an operator name reads as 0 and "?"."""
+    events = [
+        {"cat": "Session", "name": "model_run", "dur": 900},
+        {"cat": "Node", "name": "lm/MatMul_fence_before", "dur": 1},
+        {"cat": "Node", "name": "lm/MatMul_kernel_time", "dur": 12, "args": {
+            "op_name": "MatMul", "input_type_shape": [{"float": [1, 5, 64]}, {"float": [64, 128]}],
+            "output_type_shape": [{"float": [1, 5, 128]}]}},
+        {"cat": "Node", "name": "lm/Conv_kernel_time", "dur": 7, "args": {
+            "op_name": "Conv", "input_type_shape": [{"float": [1, 8, 20]}, {"float": [16, 8, 3]}, {}],
+            "output_type_shape": [{"float": [1, 16, 18]}]}},
+        {"cat": "Node", "name": "odd_kernel_time", "args": {}},
+        {"cat": "Node", "name": "bare_kernel_time", "dur": 3},  # no args at all
+        {"cat": "Node", "dur": 5},  # no name: no kernel's time
+    ]
+    (tmp_path / "profile.json").write_text(json.dumps(events))
+    runs = node_runs(tmp_path / "profile.json")
+    assert [(r.node, r.op, r.microseconds, r.macs) for r in runs] == [
+        ("lm/MatMul", "MatMul", 12, 5 * 64 * 128), ("lm/Conv", "Conv", 7, 18 * 16 * 8 * 3), ("odd", "?", 0, 0),
+        ("bare", "?", 3, 0)]
+    assert macs("MatMul", [[]], [[1, 4]]) == 0 and macs("MatMul", [], [[1]]) == 0 and macs("MatMul", [[1, 2]], []) == 0
+
+
+def test_a_graphs_costliest_operators_and_nodes_are_its_largest_shares():
+    from vibevoice_onnx.runtime.profile import TOP, NodeRun
+
+    runs = [NodeRun(f"n{i}", f"Op{i}", 10 * (i + 1), 100 * (6 - i)) for i in range(7)]  # Op6: most time, fewest MACs
+    runs += [NodeRun("n6", "Op6", 70, 600), NodeRun("m6", "Op6", 31, 0)]  # Op6 thrice, in two nodes
+    profile = graph_profile(runs, 2, {"float32": 1e3, "int8": 4e3})
+    total = sum(r.microseconds for r in runs)  # 381
+    assert TOP == 5 and [o["op"] for o in profile["top_ops"]] == ["Op6", "Op5", "Op4", "Op3", "Op2"]
+    assert profile["top_ops"][0] == {"op": "Op6", "share": round(171 / total, 4), "ms_per_frame": 171 / 1000 / 2,
+                                     "macs_per_frame": 600 / 2}
+    assert profile["top_nodes"][0] == {"node": "n6", "op": "Op6", "share": round(140 / total, 4)}
+    assert [n["node"] for n in profile["top_nodes"]] == ["n6", "n5", "n4", "n3", "m6"]
+    assert profile["nodes"] == 8 and profile["node_calls_per_frame"] == 9 / 2
+    assert profile["kernel_ms_per_frame"] == total / 1000 / 2 and profile["macs_per_frame"] == (2100 + 600) / 2
+    idle = graph_profile([NodeRun("a", "Add", 0, 0)], 1, {"float32": 1.0, "int8": 1.0})  # no time at all
+    assert idle["top_ops"][0]["share"] == 0.0 and idle["compute_floor_ms_per_frame"] == 0.0
+
+
+def timed_run() -> tuple[dict, dict]:
+    """A timed run of two graphs over 4 frames (bench's numbers) and the profile of one of them."""
+    runtime = {"frames": 4, "graphs": {"lm": {"calls": 8, "ms_per_frame": 2.0}, "decoder": {"calls": 4, "ms_per_frame": 1.0},
+                                       "eos": {"calls": 4, "ms_per_frame": 0.5}},
+               "graph_weight_bytes": {"lm": 1_000_000, "decoder": 4_000_000, "eos": 0}}
+    profiled = {"lm": {"compute_floor_ms_per_frame": 5.0, "macs_per_frame": 1e6, "nodes": 3, "node_calls_per_frame": 2.0,
+                       "kernel_ms_per_frame": 1.5, "top_ops": [{"op": "MatMul", "share": 0.9}], "top_nodes": [],
+                       "not_copied": 1}}
+    return runtime, profiled
+
+
+def test_each_graph_is_put_against_the_larger_of_its_two_floors():
+    """Bandwidth: the weights it reads a frame (its bytes x calls per frame) at the measured rate; compute: its
+    MACs at the peak rate; the floor is the larger, and the report says which bounds it and how far above it is."""
+    from vibevoice_onnx.runtime.profile import floors
+
+    runtime, profiled = timed_run()
+    report = floors(runtime, profiled, 1e9, {"float32": 1e9, "int8": 4e9})
+    lm, decoder, eos = (report["graphs"][name] for name in ("lm", "decoder", "eos"))
+    assert lm == {"ms_per_frame": 2.0, "calls_per_frame": 2.0, "weight_bytes_per_frame": 2e6,
+                  "achieved_bytes_per_second": 2e6 / 0.002, "bandwidth_floor_ms_per_frame": 2.0,
+                  "macs_per_frame": 1e6, "achieved_macs_per_second": 1e6 / 0.002, "compute_floor_ms_per_frame": 5.0,
+                  "floor_ms_per_frame": 5.0, "bound_by": "compute", "times_floor": 0.4, "nodes": 3,
+                  "node_calls_per_frame": 2.0, "kernel_ms_per_frame": 1.5, "top_ops": [{"op": "MatMul", "share": 0.9}],
+                  "top_nodes": []}
+    assert (decoder["bandwidth_floor_ms_per_frame"], decoder["floor_ms_per_frame"], decoder["bound_by"]) == (4.0, 4.0, "bandwidth")
+    assert decoder["times_floor"] == 0.25 and decoder["macs_per_frame"] == 0.0 and "top_ops" not in decoder
+    assert decoder["achieved_macs_per_second"] == 0.0 and decoder["compute_floor_ms_per_frame"] == 0.0
+    assert eos["floor_ms_per_frame"] == 0.0 and eos["times_floor"] is None  # nothing to read or multiply
+    assert report["graphs_ms_per_frame"] == 3.5 and report["floor_ms_per_frame"] == 9.0
+    assert report["times_floor"] == 3.5 / 9.0 and report["bandwidth_bytes_per_second"] == 1e9
+    assert report["peak_macs_per_second"] == {"float32": 1e9, "int8": 4e9}
+    runtime["graphs"]["lm"]["ms_per_frame"] = 0.0
+    still = floors(runtime, {}, 1e9, {"float32": 1e9, "int8": 4e9})["graphs"]["lm"]
+    assert still["achieved_bytes_per_second"] == 0.0 and still["achieved_macs_per_second"] == 0.0
+    assert floors({"frames": 1, "graphs": {}, "graph_weight_bytes": {}}, {}, 1e9, {})["times_floor"] is None
+
+
+def test_the_floors_report_reads_a_row_per_graph_slowest_first_then_their_costliest_operators():
+    from vibevoice_onnx.runtime.profile import floors, format_floors
+
+    runtime, profiled = timed_run()
+    lines = format_floors(floors(runtime, profiled, 2e9, {"float32": 3e9, "int8": 12e9}), unit="token")
+    assert lines[0] == ("floors        at 2.0 GB/s, 3 GMAC/s float32, 12 GMAC/s int8: the graphs take 3.5 ms a token "
+                        "against a floor of 7.0 (0.5x)")
+    assert lines[1] == f"  {'graph':<28}{'ms':>8}{'floor':>8}{'x':>6}  {'bound':<10}{'GB/s':>7}{'GMAC/s':>8}{'MMAC':>9}{'calls':>7}"
+    assert lines[2] == f"  {'lm':<28}{2.0:>8.2f}{5.0:>8.2f}{'0.4':>6}  {'compute':<10}{1.0:>7.1f}{0.5:>8.1f}{1.0:>9.1f}{2:>7.0f}"
+    assert lines[3] == f"  {'decoder':<28}{1.0:>8.2f}{2.0:>8.2f}{'0.5':>6}  {'bandwidth':<10}{4.0:>7.1f}{0.0:>8.1f}{0.0:>9.1f}{0:>7.0f}"
+    assert lines[4] == f"  {'eos':<28}{0.5:>8.2f}{0.0:>8.2f}{'-':>6}  {'bandwidth':<10}{0.0:>7.1f}{0.0:>8.1f}{0.0:>9.1f}{0:>7.0f}"
+    assert lines[5:] == ["  lm: MatMul 90%"]  # only the profiled graph has operators to list
