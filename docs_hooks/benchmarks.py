@@ -85,7 +85,8 @@ def cell(value) -> str:
         text = "—"
     else:
         text = str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    # brackets escaped: a mutant's code (`peaks['int8']`) would read as a link reference, which the strict build refuses
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("\n", " ")
 
 
 def plots(key: str, rows: list[dict]) -> list[str]:
