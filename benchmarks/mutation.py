@@ -82,8 +82,8 @@ def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
             lines = mutant["change"].splitlines()
             minus = " ".join(line[1:].strip() for line in lines if line.startswith("-"))
             plus = " ".join(line[1:].strip() for line in lines if line.startswith("+"))
-            why = argued.get((function, minus, plus))
-            mutant["triage"] = f"argued: {why}" if why else next(
+            argument = argued.get((function, minus, plus))
+            mutant["triage"] = f"argued: {argument}" if argument else next(
                 (why for why, normalise in TRIAGE if minus != plus and _same(minus, plus, normalise)), "open")
             counts[mutant["triage"]] += 1
     return dict(counts)

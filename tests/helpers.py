@@ -100,6 +100,13 @@ def cli_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def dead_pid() -> int:
+    """The id of a process that has ended and been reaped: a killed writer's, for its leftover partials."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

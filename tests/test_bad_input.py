@@ -267,9 +267,10 @@ def test_a_build_removes_what_killed_builds_left_and_what_it_made(work, monkeypa
     from vibevoice_onnx.errors import VibeVoiceError
     from vibevoice_onnx.export import build as build_module
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()  # a PID that certainly belongs to no running process now (a killed build's)
-    stale = work.root / "onnx" / "realtime" / f".cpu_fp32.partial-{dead.pid}-abc123"
+    from helpers import dead_pid
+
+    dead = dead_pid()
+    stale = work.root / "onnx" / "realtime" / f".cpu_fp32.partial-{dead}-abc123"  # a killed build's
     (stale / "voices").mkdir(parents=True)
     (stale / "lower_lm.onnx").write_bytes(b"half a graph")
     live = work.root / "onnx" / "realtime" / f".cpu_int8.partial-{os.getpid()}-def456"  # a live writer's
@@ -281,7 +282,7 @@ def test_a_build_removes_what_killed_builds_left_and_what_it_made(work, monkeypa
     monkeypatch.setattr(build_module, "export_graph", failing_export)
     assert run_main(["build", work.checkpoints["realtime"], "-o", work.root / "onnx"]) == 2
     err = capsys.readouterr().err
-    assert f"removed {stale}, left by an earlier run that was killed (process {dead.pid})" in err
+    assert f"removed {stale}, left by an earlier run that was killed (process {dead})" in err
     assert "simulated export failure" in err
     assert listing(work.root / "onnx") == {"realtime", f"realtime/{live.name}"}
 

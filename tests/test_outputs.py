@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from vibevoice_onnx import outputs
+from helpers import dead_pid
 from vibevoice_onnx.errors import StorageFull, VibeVoiceError
 from vibevoice_onnx.outputs import (atomic_directory, atomic_file, check_output_file, file_error, file_sha256,
                                     os_error_message, os_error_or, remove_stale_partials, storage_full,
@@ -25,11 +26,12 @@ class SafetensorError(Exception):
     """Named as safetensors' Rust error is: its OS error only in its text."""
 
 
-def dead_pid() -> int:
-    """The id of a process that has ended (and been reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+def failing(number: int, path):
+    """A stand-in for tempfile's mkstemp or mkdtemp on a file system that refuses with `number`."""
+    def refused(*args, **kwargs):
+        raise OSError(number, os.strerror(number), str(path))
+
+    return refused
 
 
 def listing(folder: Path) -> list[str]:
@@ -140,10 +142,7 @@ def test_a_failed_write_names_the_file_asked_for_not_the_partial(tmp_path):
 
 
 def test_a_partial_file_that_cannot_even_be_made_is_one_sentence(tmp_path, monkeypatch):
-    def refused(*args, **kwargs):
-        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path))
-
-    monkeypatch.setattr(outputs.tempfile, "mkstemp", refused)
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", failing(errno.EROFS, tmp_path))
     with pytest.raises(VibeVoiceError, match=rf"^{tmp_path}: saving failed: read-only file system$"):
         with atomic_file(tmp_path / "x.wav", "saving"):
             pass
@@ -259,10 +258,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_sentence(tmp_path):
 
 
 def test_a_partial_folder_that_cannot_be_made_removes_the_folders_made_for_it(tmp_path, monkeypatch):
-    def refused(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "new"))
-
-    monkeypatch.setattr(outputs.tempfile, "mkdtemp", refused)
+    monkeypatch.setattr(outputs.tempfile, "mkdtemp", failing(errno.ENOSPC, tmp_path / "new"))
     with pytest.raises(StorageFull, match=r"/new: creating the output folder failed: no space left on device$"):
         with atomic_directory(tmp_path / "new" / "bundle"):
             pass
@@ -386,10 +382,7 @@ def test_the_previous_directory_is_moved_aside_beside_it_under_a_partial_name(tm
 
 
 def test_a_write_that_was_not_changed_says_what_it_was_writing_when_it_fails(tmp_path, monkeypatch):
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
-
-    monkeypatch.setattr(outputs.tempfile, "mkstemp", full)
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", failing(errno.ENOSPC, tmp_path))
     with pytest.raises(StorageFull, match=r"writing the manifest failed: no space left on device$"):
         write_if_changed(tmp_path / "manifest.jsonl", b"{}\n", "writing the manifest")
     with pytest.raises(StorageFull, match=rf"^{tmp_path}: writing failed: no space left on device$"):

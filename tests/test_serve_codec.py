@@ -155,12 +155,18 @@ def test_lossy_bit_rates_keep_broadband_audio(fmt):
 
 
 def first_line(call) -> str:
-    """The first line of what `call` raises (or its type's name): how an upload's refusal words each decoder."""
+    """How an upload's refusal words what `call` raises (serve.codec's `_reason`, held to its own test below)."""
+    from vibevoice_onnx.serve.codec import _reason
+
     try:
         call()
     except Exception as error:  # noqa: BLE001
-        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return _reason(error)
     raise AssertionError("it did not fail")
+
+
+def soundfile_refuses(path):
+    raise RuntimeError("refused")
 
 
 def test_what_soundfile_reads_it_decodes_without_pyav(tmp_path, monkeypatch):
@@ -191,7 +197,7 @@ def test_what_soundfile_cannot_read_pyav_decodes_to_the_same_samples(tmp_path, m
 
     from vibevoice_onnx.serve import codec
 
-    monkeypatch.setattr(codec, "_soundfile", lambda path: (_ for _ in ()).throw(RuntimeError("refused")))
+    monkeypatch.setattr(codec, "_soundfile", soundfile_refuses)
     stereo = np.stack([tone(0.25), -0.5 * tone(0.25)], axis=1)
     sf.write(tmp_path / "stereo.wav", stereo, 16000, subtype="PCM_16")
     samples, rate = decode_upload(str(tmp_path / "stereo.wav"))
@@ -223,7 +229,7 @@ def test_an_audio_stream_with_nothing_in_it_is_no_samples_at_its_rate(tmp_path, 
 
     from vibevoice_onnx.serve import codec
 
-    monkeypatch.setattr(codec, "_soundfile", lambda path: (_ for _ in ()).throw(RuntimeError("refused")))
+    monkeypatch.setattr(codec, "_soundfile", soundfile_refuses)
     sf.write(tmp_path / "empty.wav", np.zeros(0, np.float32), 16000)
     samples, rate = decode_upload(str(tmp_path / "empty.wav"))
     assert samples.dtype == np.float32 and samples.shape == (0,) and rate == 16000
