@@ -13,7 +13,7 @@ from vibevoice_onnx.cli import EXIT_ERROR, main  # noqa: E402
 from vibevoice_onnx.cluster.workers import SynthesisWorker  # noqa: E402
 from vibevoice_onnx.serve import Models, Settings, create_app  # noqa: E402
 
-from conftest import write_voice_sample  # noqa: E402
+from conftest import copy_bundle, write_voice_sample  # noqa: E402
 
 THREE = "Speaker 1: Hello there.\nSpeaker 2: I am fine.\nSpeaker 3: Good."
 
@@ -271,6 +271,8 @@ def test_a_request_within_its_limits_is_kept_as_given_and_cleaned_of_control_cha
     assert (speech.text, speech.voice, speech.speakers, speech.cfg_scale, speech.seed) == \
         ("Hi there.", "alice", {None: "bob", 2: "carol"}, 1.5, 3)
     SpeechRequest("x" * 10, max_chars=10).check()  # at the limit: kept, no error
+    for voice_latents in ("sample", "mean"):
+        SpeechRequest("Hi", voice_latents=voice_latents).check()
     streamed = SpeechRequest("", text_stream=True)
     streamed.check()  # a streamed text may start empty
     assert streamed.text == ""
@@ -278,3 +280,250 @@ def test_a_request_within_its_limits_is_kept_as_given_and_cleaned_of_control_cha
     assert options == {"hotwords": "Ray, ONNX", "seed": 4, "mean_latents": True, "repetition_guard": True,
                        "max_new_tokens": 9}
     assert "max_new_tokens" not in TranscriptionRequest().options()  # the runtime's own cap
+
+
+# start_speech: a request, checked against the open model, begins the runtime's own call with the options it gives.
+
+DIALOGUE = "Speaker 1: Hello there.\nSpeaker 2: Bye now."
+
+
+@pytest.fixture(scope="module")
+def realtime(tiny_bundle):
+    import vibevoice_onnx
+
+    return vibevoice_onnx.open(str(tiny_bundle))
+
+
+@pytest.fixture(scope="module")
+def long_form(tiny_15b_bundle):
+    import vibevoice_onnx
+
+    return vibevoice_onnx.open(str(tiny_15b_bundle))
+
+
+def heard(speech) -> tuple[list[int], object]:
+    """What a Speech gives: its chunks' lengths (how it was decoded) and its samples."""
+    import numpy as np
+
+    chunks = [chunk.samples for chunk in speech]
+    return [len(chunk) for chunk in chunks], np.concatenate(chunks)
+
+
+def same_speech(got, expected) -> bool:
+    import numpy as np
+
+    (got_chunks, got_samples), (expected_chunks, expected_samples) = heard(got), heard(expected)
+    return got_chunks == expected_chunks and np.array_equal(got_samples, expected_samples)
+
+
+def noise_file(tmp_path, frames: int, latent: int):
+    import numpy as np
+
+    np.save(tmp_path / "noise.npy", np.random.default_rng(11).standard_normal((frames, latent)).astype(np.float32))
+    return tmp_path / "noise.npy"
+
+
+def test_a_realtime_request_speaks_what_the_runtime_speaks_with_the_options_it_gives(realtime, tmp_path):
+    """Plain text: cfg_scale, steps, seed, max_frames, decode_group and a front-end's own runtime options reach
+    `stream` as given (each of them changes what is heard, so one that is lost shows); no voice: the model's first."""
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+
+    options = dict(cfg_scale=2.5, steps=3, seed=3, max_frames=4)
+    started = start_speech(realtime, SpeechRequest("Hello there.", decode_group=2, **options))
+    assert started.described == "voice synthetic" and started.preparing is None
+    assert same_speech(started.speech, realtime.stream("Hello there.", "synthetic", decode_group=2, **options))
+    by_extra = start_speech(realtime, SpeechRequest("Hello there.", extra={"decode_group": 2}, **options))
+    assert same_speech(by_extra.speech, realtime.stream("Hello there.", "synthetic", decode_group=2, **options))
+    for left_out in ("cfg_scale", "steps"):  # the kind's defaults, which differ from the options above
+        fewer = {k: v for k, v in options.items() if k != left_out}
+        assert not same_speech(start_speech(realtime, SpeechRequest("Hello there.", **fewer)).speech,
+                               realtime.stream("Hello there.", "synthetic", **options))
+    assert not same_speech(start_speech(realtime, SpeechRequest("Hello there.", **options)).speech,
+                           realtime.stream("Hello there.", "synthetic", decode_group=2, **options))
+
+
+def test_a_realtime_request_with_noise_rows_speaks_them(realtime, tmp_path):
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+    from vibevoice_onnx.sampling import NoiseSource
+
+    rows = noise_file(tmp_path, 4, realtime.latent_size)
+    started = start_speech(realtime, SpeechRequest("Hello there.", noise=rows, max_frames=4))
+    assert same_speech(started.speech, realtime.stream("Hello there.", "synthetic", max_frames=4,
+                                                       noise=NoiseSource.from_file(rows, realtime.latent_size)))
+
+
+def test_a_streamed_text_request_speaks_what_the_runtime_speaks_and_keeps_its_limit(realtime, tmp_path):
+    from vibevoice_onnx.errors import VibeVoiceError
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+    from vibevoice_onnx.sampling import NoiseSource
+
+    rows = noise_file(tmp_path, 4, realtime.latent_size)
+    started = start_speech(realtime, SpeechRequest("", text_stream=True, noise=rows, max_frames=4, max_chars=40))
+    direct = realtime.text_stream("synthetic", noise=NoiseSource.from_file(rows, realtime.latent_size), max_frames=4)
+    for stream in (started.speech, direct):
+        stream.feed("Hello there, ")
+        stream.feed("and bye.")
+        stream.finish()
+    assert started.described == "voice synthetic, text from standard input as it arrives"
+    assert same_speech(started.speech, direct)
+    limited = start_speech(realtime, SpeechRequest("", text_stream=True, max_frames=4, max_chars=5)).speech
+    with pytest.raises(VibeVoiceError, match="the text is longer than the limit of 5 characters"):
+        limited.feed("Hello there.")
+    limited.close()
+
+
+@pytest.mark.parametrize("turn_gap", [None, 0.25])
+def test_a_dialogue_request_speaks_what_the_runtime_speaks(realtime, turn_gap):
+    """A script with a voice per speaker: `dialogue`, the turn gap as given (none: no gap)."""
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+
+    speakers, options = {1: "synthetic", 2: "synthetic"}, dict(cfg_scale=2.5, steps=3, seed=3, max_frames=3)
+    started = start_speech(realtime, SpeechRequest(DIALOGUE, speakers=speakers, turn_gap=turn_gap, **options))
+    assert started.described == "dialogue, one turn per line, speakers 1=synthetic, 2=synthetic (turn k: seed + k)"
+    assert same_speech(started.speech, realtime.dialogue(DIALOGUE, speakers, turn_gap=turn_gap or 0.0, **options))
+    lone = start_speech(realtime, SpeechRequest("Speaker 1: Hello.", speakers={None: "synthetic"}, seed=3,
+                                                max_frames=2))
+    assert lone.described == "dialogue, one turn per line, speakers synthetic (turn k: seed + k)"
+
+
+@pytest.mark.parametrize("voice_latents, seeded, noisy", [("mean", True, False), ("mean", False, True),
+                                                          (None, True, True)])
+def test_a_long_form_request_speaks_what_the_runtime_speaks(long_form, tmp_path, voice_latents, seeded, noisy):
+    """A script and its speakers' voices: `stream`, with the voice latents asked for (none: sampled, as upstream),
+    the noise rows or seed given, and the work before the first audio said in words."""
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+    from vibevoice_onnx.sampling import NoiseSource
+
+    text, options = "Speaker 1: Hello there.", dict(cfg_scale=2.5, steps=3, max_frames=3, seed=3 if seeded else None)
+    rows = noise_file(tmp_path, 3, long_form.latent_size) if noisy else None
+    started = start_speech(long_form, SpeechRequest(text, speakers={1: "alice"}, voice_latents=voice_latents,
+                                                    noise=rows, **options))
+    direct = long_form.stream(text, {1: "alice"}, voice_latents=voice_latents or "sample",
+                              noise=NoiseSource.from_file(rows, long_form.latent_size) if noisy else None, **options)
+    assert started.described == f"speakers 1=alice, voice latents {voice_latents or 'sample'}"
+    assert same_speech(started.speech, direct)
+    voice = started.speech.voices[0]
+    assert started.preparing == (f"encoding 1 voice sample ({voice.seconds:.1f} s of audio) and a "
+                                 f"{started.speech.prompt_tokens}-token prompt before the first audio")
+
+
+def test_a_long_form_request_with_two_voices_says_it_encodes_both(long_form):
+    from vibevoice_onnx.requests import SpeechRequest, start_speech
+
+    started = start_speech(long_form, SpeechRequest("Speaker 1: Hello.\nSpeaker 2: Bye.", speakers={1: "alice", 2: "alice"},
+                                                    seed=3, max_frames=2))
+    seconds = sum(voice.seconds for voice in started.speech.voices)
+    assert started.preparing == (f"encoding 2 voice samples ({seconds:.1f} s of audio) and a "
+                                 f"{started.speech.prompt_tokens}-token prompt before the first audio")
+
+
+NO_DIALOGUE = "{field} does not apply to a dialogue (speakers): each turn uses its speaker's voice and the noise of seed + turn"
+
+
+@pytest.mark.parametrize("model, fields, field, sentence, speaker", [
+    ("realtime", dict(voice_latents="mean"), "voice_latents",
+     "voice_latents does not apply to a realtime bundle (its voices are cached prompts, not audio samples)", "N"),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic", 2: "synthetic"}, voice="synthetic"), "voice",
+     NO_DIALOGUE.format(field="voice"), "N"),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic", 2: "synthetic"}, noise="rows"), "noise",
+     NO_DIALOGUE.format(field="noise"), "N"),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic", 2: "synthetic"}, text_stream=True), "text_stream",
+     NO_DIALOGUE.format(field="text_stream"), "N"),
+    ("realtime", dict(turn_gap=0.5), "turn_gap", "turn_gap applies to a dialogue only: a script spoken with "
+     "speakers N=VOICE", "N"),
+    ("realtime", dict(seed=3, noise="rows"), "seed", "give either seed or noise, not both", "N"),
+    ("realtime", dict(noise="rows", max_frames=5), "noise", "{rows}: has 4 rows, fewer than max_frames 5", "N"),
+    ("realtime", dict(text="Speaker 1: Hi.", speakers={None: "synthetic", 1: "synthetic"}), "speakers",
+     "the script has speakers 1: give each its voice as speakers N=VOICE", "N"),
+    ("realtime", dict(text=DIALOGUE, speakers={None: "synthetic"}), "speakers",
+     "the script has speakers 1, 2: give each its voice as speakers N=VOICE", "N"),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic", 2: "synthetic", 7: "synthetic", 5: "synthetic"}),
+     "speakers", "a voice is given for Speaker 5, who does not speak in the script (speakers: 1, 2)", 5),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic"}), "speakers",
+     "Speaker 2 speaks in the script but has no voice: add speakers 2=VOICE", 2),
+    ("realtime", dict(text=DIALOGUE, speakers={1: "synthetic", 2: "nobody"}), "speakers",
+     "speakers: the model has no voice 'nobody' (available: synthetic), and it is no voice file or http(s) URL", "N"),
+    ("1.5b", dict(speakers={1: "alice"}, voice="alice"), "voice",
+     "voice does not apply to a 1.5b bundle; give each speaker a voice with speakers N=VOICE", "N"),
+    ("1.5b", dict(speakers={1: "alice"}, decode_group=2), "decode_group", "decode_group does not apply to a 1.5b "
+     "bundle (each latent's audio feeds the next step, so it is decoded at once)", "N"),
+    ("1.5b", dict(speakers={1: "alice"}, text_stream=True), "text_stream",
+     "text_stream does not apply to a 1.5b bundle", "N"),
+    ("1.5b", dict(speakers={1: "alice"}, turn_gap=0.5), "turn_gap", "turn_gap does not apply to a 1.5b bundle", "N"),
+    ("1.5b", dict(speakers={1: "alice"}, seed=3, noise="rows", voice_latents="mean"), "seed",
+     "give either seed or noise with voice_latents mean: nothing else is random", "N"),
+    ("1.5b", dict(), "speakers",
+     "give each speaker of the script a voice: speakers N=VOICE (a bundle voice or an audio file)", "N"),
+], ids=["voice_latents realtime", "voice in a dialogue", "noise in a dialogue", "text_stream in a dialogue",
+        "turn_gap on plain text", "seed and noise", "noise too short", "lone and numbered", "lone for two",
+        "unused speaker", "speaker without voice", "unknown speaker voice", "voice long-form",
+        "decode_group long-form", "text_stream long-form", "turn_gap long-form", "seed noise mean", "no speakers"])
+def test_each_request_the_model_cannot_take_is_refused_naming_its_field(realtime, long_form, tmp_path, model, fields,
+                                                                       field, sentence, speaker):
+    """Checked against the open model, before any audio: the field, the sentence, the speaker it names."""
+    from vibevoice_onnx.requests import RequestError, SpeechRequest, start_speech
+
+    rows = noise_file(tmp_path, 4, realtime.latent_size)
+    fields = {"text": "Speaker 1: Hello." if model == "1.5b" else "Hello.", **fields}
+    if fields.get("noise") == "rows":
+        fields["noise"] = rows
+    with pytest.raises(RequestError) as refused:
+        start_speech({"realtime": realtime, "1.5b": long_form}[model], SpeechRequest(**fields))
+    assert (refused.value.field, str(refused.value), refused.value.speaker) == \
+        (field, sentence.format(rows=rows), speaker)
+
+
+def test_a_realtime_bundle_without_voices_says_how_to_import_one(tiny_bundle, tmp_path):
+    import shutil
+
+    import vibevoice_onnx
+    from vibevoice_onnx.requests import RequestError, SpeechRequest, start_speech
+
+    bare = copy_bundle(tiny_bundle, tmp_path / "bare")
+    shutil.rmtree(bare / "voices")
+    with pytest.raises(RequestError) as refused:
+        start_speech(vibevoice_onnx.open(str(bare)), SpeechRequest("Hello."))
+    assert (refused.value.field, str(refused.value)) == \
+        ("voice", "the model has no voices; import one with `vibevoice-onnx voices import`")
+
+
+def test_a_voice_is_one_of_the_model_or_where_files_are_allowed_a_file_or_url(realtime, tmp_path):
+    from vibevoice_onnx.requests import RequestError, check_voice
+
+    (tmp_path / "mine.pt").write_bytes(b"")
+    for voice in ("synthetic", "https://example.com/mine.pt", "http://example.com/mine.pt", str(tmp_path / "mine.pt")):
+        check_voice(realtime, "voice", voice, files=True)
+    for voice in ("https://example.com/mine.pt", str(tmp_path / "mine.pt")):
+        with pytest.raises(RequestError) as refused:
+            check_voice(realtime, "voice", voice, files=False)
+        assert (refused.value.code, str(refused.value)) == \
+            ("voice_not_found", f"voice: the model has no voice '{voice}' (available: synthetic)")
+
+
+def test_each_field_of_a_sentence_reads_in_the_front_ends_spelling():
+    from vibevoice_onnx.requests import RequestError, Spelling
+
+    error = RequestError("seed", "give either {seed} or {noise} for {field}, as {entry}", speaker=2)
+    flag = Spelling(name=lambda name: "--" + name.replace("_", "-"), entry="--speaker {n}=VOICE")
+    assert error.spelled(flag) == "give either --seed or --noise for --seed, as --speaker 2=VOICE"
+
+
+def test_a_long_form_kind_speaks_every_text_as_a_script_and_realtime_only_a_labelled_one():
+    from vibevoice_onnx.requests import is_script
+
+    assert is_script("1.5b", "Just words.") and is_script("realtime", "Speaker 1: Hi.")
+    assert not is_script("realtime", "Just words.")
+
+
+def test_a_transcription_request_runs_the_transcriber_with_its_options_and_hooks(tiny_asr_bundle, tmp_path):
+    import vibevoice_onnx
+    from vibevoice_onnx.requests import TranscriptionRequest, transcribe
+
+    write_voice_sample(tmp_path / "speech.flac")
+    transcriber = vibevoice_onnx.open(str(tiny_asr_bundle))
+    seen = []
+    got = transcribe(transcriber, tmp_path / "speech.flac", TranscriptionRequest(seed=1, max_new_tokens=4),
+                     progress=lambda tokens, seconds: seen.append(tokens))
+    expected = transcriber.transcribe(tmp_path / "speech.flac", seed=1, max_new_tokens=4)
+    assert (got.tokens, got.text) == (expected.tokens, expected.text) and len(got.tokens) == 4
+    assert seen == [1, 2, 3, 4]  # the hook, called after each token

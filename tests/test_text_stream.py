@@ -103,14 +103,19 @@ def test_closing_a_waiting_stream_raises_in_the_reader(tokenizer):
     feed.close()
     reader.join(5)
     assert not reader.is_alive() and len(errors) == 1
+    assert str(errors[0]) == "the streamed text was closed before it was finished"
 
 
 def test_bad_pieces_are_refused(tokenizer):
     feed = TextFeed(tokenizer, max_chars=10)
-    with pytest.raises(VibeVoiceError, match="strings"):
+    with pytest.raises(VibeVoiceError, match="^text pieces must be strings, got bytes$"):
         feed.feed(b"bytes")
-    with pytest.raises(VibeVoiceError, match="10 characters"):
+    with pytest.raises(VibeVoiceError, match="^the text is longer than the limit of 10 characters$"):
         feed.feed("x" * 11)
+    at_the_limit = TextFeed(tokenizer, max_chars=10)
+    at_the_limit.feed("x" * 4)
+    at_the_limit.feed("y" * 6)  # ten characters in all: kept
+    assert at_the_limit.text == "xxxxyyyyyy"
     feed.feed("  ")
     with pytest.raises(VibeVoiceError, match="empty"):
         feed.finish()
@@ -209,3 +214,29 @@ def test_speak_stream_input_reads_stdin_as_it_arrives_and_gives_the_whole_texts_
     out, err = process.communicate(timeout=120)  # closes standard input: the end of the text
     assert process.returncode == 0, err.decode()
     assert len(out) > 0 and out == whole.stdout
+
+
+def test_a_window_is_handed_out_as_soon_as_its_five_tokens_are_settled(tokenizer):
+    """Whole words of five tokens followed by the start of another: the five are settled (the last one ends right
+    where the whitespace before the unfinished word starts), so the first window goes to the loop at once, before
+    any more text or the end of it. The wait only catches a reader that is never given the window."""
+    words = "Hello there"
+    settled = tokenizer.encode(words, add_special_tokens=False).ids
+    assert len(settled) == 5  # in this tokenizer: Hel lo Ġthe r e
+    feed = TextFeed(tokenizer)
+    windows, handed = [], threading.Event()
+
+    def read():
+        for window in feed:
+            windows.append(window)
+            handed.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    feed.feed(words + " si")
+    assert handed.wait(30), "the settled window was held back"
+    assert windows == [settled]
+    feed.feed("x")
+    feed.finish()
+    reader.join(30)
+    assert [i for window in windows for i in window] == encode_tts_text(tokenizer, words + " six")
