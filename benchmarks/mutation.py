@@ -89,9 +89,10 @@ def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
     return dict(counts)
 
 
-def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: bool) -> Path:
+def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: bool, logging: bool = False) -> Path:
     """A copy of the checkout (what git tracks, as it is now) whose [tool.mutmut] mutates `sources` against
-    `tests`: mutmut reads its settings from pyproject.toml alone, and this checkout's stay as they are."""
+    `tests`: mutmut reads its settings from pyproject.toml alone, and this checkout's stay as they are.
+    `logging`: pytest's logging plugin left on (tests that read the log through caplog need it)."""
     if not reuse:
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
@@ -103,6 +104,8 @@ def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: boo
         project = (scratch / "pyproject.toml").read_text()
         for key, value in (("source_paths", sources), ("pytest_add_cli_args_test_selection", tests)):
             project = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", project, count=1, flags=re.M)
+        if logging:
+            project = project.replace('"-p", "no:logging"', "", 1).replace(', ]', "]")
         (scratch / "pyproject.toml").write_text(project)
         # the tests find ../shared from where mutmut runs them (scratch/mutants), as they do from a checkout
         (scratch / "shared").symlink_to(REPO.parent / "shared")
@@ -118,10 +121,12 @@ def main() -> int:
     parser.add_argument("--sources", nargs="+", help="the files to mutate (default: pyproject.toml's [tool.mutmut])")
     parser.add_argument("--tests", nargs="+", help="the tests that judge them (with --sources)")
     parser.add_argument("--scratch", default="/tmp/vibevoice-onnx-mutation", help="the scratch copy --sources uses")
+    parser.add_argument("--logging", action="store_true", help="with --sources: keep pytest's logging plugin (for "
+                        "tests that read the log through caplog)")
     args = parser.parse_args()
     if bool(args.sources) != bool(args.tests):
         parser.error("--sources and --tests go together")
-    where = scratch_copy(Path(args.scratch), args.sources, args.tests, args.reuse) if args.sources else REPO
+    where = scratch_copy(Path(args.scratch), args.sources, args.tests, args.reuse, args.logging) if args.sources else REPO
     if not args.reuse:
         shutil.rmtree(where / "mutants", ignore_errors=True)
         # every mutant is a pytest session of its own: the tiny checkpoints and bundles the tests share are made
