@@ -535,3 +535,338 @@ def test_a_job_runs_at_most_pump_ahead_items_ahead_of_its_reader_and_stops_with_
     assert emitted == PUMP_AHEAD + 1  # the one taken and PUMP_AHEAD waiting
     assert max(ahead) <= PUMP_AHEAD + 1
     assert ended.is_set()  # the stopped job ended at its waiting emit
+
+
+def _refusal(call) -> tuple:
+    from vibevoice_onnx.serve.http import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        call()
+    return refused.value.status, refused.value.param, refused.value.code, refused.value.message
+
+
+@pytest.mark.parametrize("value, kind, status, words", [
+    ("abc", int, 422, "'f' must be a whole number, got a string"),
+    ("3.5", int, 422, "'f' must be a whole number, got a string"),
+    (True, int, 422, "'f' must be a whole number, got a boolean"),
+    (2.5, int, 422, "'f' must be a whole number, got a number"),
+    ({"a": 1}, int, 422, "'f' must be a whole number, got an object"),
+    (True, float, 422, "'f' must be a number, got a boolean"),
+    ("ten", float, 422, "'f' must be a number, got a string"),
+    (["x"], str, 422, "'f' must be a string, got an array"),
+    (3, str, 422, "'f' must be a string, got a number"),
+    (b"x", str, 422, "'f' must be a string, got bytes"),
+    ("yes", bool, 422, "'f' must be true or false, got a string"),
+    (1, bool, 422, "'f' must be true or false, got a number"),
+    ("x", dict, 422, "'f' must be an object, got a string"),
+], ids=lambda v: repr(v)[:12])
+def test_a_field_of_the_wrong_type_is_a_422_naming_the_field_and_what_came(value, kind, status, words):
+    from vibevoice_onnx.serve.fields import take
+
+    assert _refusal(lambda: take({"f": value}, "f", kind)) == (status, "f", "invalid_type", words)
+
+
+def test_fields_are_taken_as_json_or_a_forms_text_sends_them():
+    """JSON's own types as they are (an int is a float where a number is due), a form's text parsed (true/false
+    in any case, numbers), absent, null or a form's empty value: the default; a string may be empty."""
+    from vibevoice_onnx.serve.fields import take
+
+    assert take({"f": 3}, "f", int) == 3 and take({"f": "3"}, "f", int) == 3
+    assert take({"f": 2}, "f", float) == 2.0 and isinstance(take({"f": 2}, "f", float), float)
+    assert take({"f": "2.5"}, "f", float) == 2.5 and take({"f": 2.5}, "f", float) == 2.5
+    assert take({"f": "TRUE"}, "f", bool) is True and take({"f": "false"}, "f", bool) is False
+    assert take({"f": False}, "f", bool) is False and take({"f": {"a": 1}}, "f", dict) == {"a": 1}
+    for body in ({}, {"f": None}, {"f": ""}):
+        assert take(body, "f", int, default=7) == 7
+    assert take({"f": ""}, "f", str, default="x") == "" and take({}, "f", str, default="x") == "x"
+
+
+def test_a_missing_choice_or_length_refusal_names_the_field_with_its_code():
+    from vibevoice_onnx.serve.fields import take
+
+    assert _refusal(lambda: take({}, "input", str, required=True)) == \
+        (400, "input", "missing_field", "'input' is required")
+    assert _refusal(lambda: take({"input": None}, "input", str, required=True))[3] == "'input' is required"
+    assert _refusal(lambda: take({"format": "mp4"}, "format", str, choices=("wav", "pcm"))) == \
+        (400, "format", "invalid_value", "'format' must be one of wav, pcm, got 'mp4'")
+    assert _refusal(lambda: take({"input": "abcd"}, "input", str, max_length=3)) == \
+        (400, "input", "too_long", "'input' is 4 characters long, over the limit of 3")
+    assert take({"input": "abc"}, "input", str, max_length=3) == "abc"  # at the limit
+    assert take({"format": "pcm"}, "format", str, choices=("wav", "pcm"), required=True) == "pcm"
+
+
+def test_an_option_is_the_runtimes_own_range_from_json_or_a_form():
+    from vibevoice_onnx.options import LIMITS
+    from vibevoice_onnx.serve.fields import option
+
+    assert option({"seed": "3"}, "seed") == 3 and option({"cfg_scale": 2}, "cfg_scale") == 2.0
+    assert option({}, "steps", default=5) == 5 and option({"steps": None}, "steps") is None
+    assert _refusal(lambda: option({"cfg_scale": 99}, "cfg_scale")) == \
+        (400, "cfg_scale", "invalid_value", f"cfg_scale must be {LIMITS['cfg_scale'].describe()}, got 99.0")
+    assert _refusal(lambda: option({"seed": "x"}, "seed"))[:3] == (422, "seed", "invalid_type")
+
+
+# serve/http.py's pieces on their own: the JSON door, admission, bounded bodies, timeouts and websocket messages.
+
+def _api_error(awaitable_or_call) -> tuple:
+    """(status, code, message, headers) of the ApiError a call raises (a coroutine is run to its end)."""
+    import asyncio
+    import inspect
+
+    from vibevoice_onnx.serve.http import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        if inspect.iscoroutine(awaitable_or_call):
+            asyncio.run(awaitable_or_call)
+        else:
+            awaitable_or_call()
+    error = refused.value
+    assert str(error) == error.message
+    return error.status, error.code, error.message, error.headers
+
+
+def test_json_from_a_client_is_parsed_or_refused_in_one_sentence():
+    from vibevoice_onnx.serve.http import MAX_JSON_DEPTH, parse_json
+
+    assert parse_json(b'{"a": [1, {"b": "\\u00e9"}]}', "the body") == {"a": [1, {"b": "\u00e9"}]}
+    nested = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert parse_json(nested, "the body") is not None  # at the limit: parsed
+    assert _api_error(lambda: parse_json("[" + nested + "]", "the message")) == \
+        (400, "invalid_json", f"the message nests JSON more than {MAX_JSON_DEPTH} levels deep", None)
+    assert parse_json('{"a": "' + "[" * 100 + '"}', "the body") == {"a": "[" * 100}  # brackets in a string
+    assert _api_error(lambda: parse_json('{"t": "\\ud800"}', "the body")) == \
+        (400, "invalid_json", "the body holds an unpaired surrogate escape (such as \\ud800), which is not text", None)
+    for raw, why in ((b"\xff{}", "'utf-8' codec can't decode byte 0xff"), ("{", "Expecting property name"),
+                     ("1" * 5000, "Exceeds the limit")):
+        status, code, message, _ = _api_error(lambda: parse_json(raw, "the body"))
+        assert (status, code) == (400, "invalid_json") and message.startswith(f"the body is not valid JSON ({why}")
+
+
+@pytest.mark.parametrize("text, depth", [("", 0), ("1", 0), ("[]", 1), ("[[], []]", 2), ('{"a": [1, {"b": 2}]}', 3),
+                                         ('"[[["', 0), ('[{"x": "]]] [[["}]', 2), ('["\\"[["]', 1),
+                                         ("[" * 100, 33)])
+def test_json_depth_counts_brackets_outside_strings_and_stops_past_the_limit(text, depth):
+    from vibevoice_onnx.serve.http import json_depth
+
+    assert json_depth(text) == depth
+
+
+def test_admission_lets_active_run_queues_the_next_and_answers_the_rest_429_with_retry_after():
+    import asyncio
+
+    from vibevoice_onnx.serve.http import Admission
+
+    async def scenario():
+        door = Admission(active=1, queue=1)
+        await door.enter()  # runs
+        queued = asyncio.create_task(door.enter())
+        await asyncio.sleep(0)  # let it start waiting (an event-loop turn, not a clock)
+        assert door.waiting == 1 and not queued.done()
+        refused = None
+        try:
+            await door.enter()
+        except Exception as e:  # noqa: BLE001 - examined below
+            refused = e
+        door.leave()
+        await asyncio.wait_for(queued, 30)  # the queued one runs once a slot is free
+        assert door.waiting == 0
+        busy = Admission(active=2, queue=0)
+        await busy.enter()
+        await busy.enter()
+        return refused, busy
+
+    refused, busy = asyncio.run(scenario())
+    assert (refused.status, refused.code, refused.message, refused.headers) == \
+        (429, "server_busy", "the server is busy (1 generations running, 1 waiting); retry shortly", {"Retry-After": "1"})
+    assert refused.response().headers["retry-after"] == "1" and refused.body()["error"]["type"] == "rate_limit_error"
+    assert _api_error(busy.enter())[2] == "the server is busy (2 generations running, 0 waiting); retry shortly"
+
+
+def test_an_error_body_is_openais_and_an_event_is_one_sse_line_in_utf8():
+    from vibevoice_onnx.serve.http import ApiError, sse_event
+
+    assert ApiError(418, "odd", param="p", code="c").body() == \
+        {"error": {"message": "odd", "type": "invalid_request_error", "param": "p", "code": "c"}}
+    assert ApiError(503, "down").body()["error"]["type"] == "server_error"
+    assert sse_event("speech.audio.delta", audio="\u00e9", n=1) == \
+        'data: {"type": "speech.audio.delta", "audio": "\u00e9", "n": 1}\n\n'.encode()
+
+
+def test_a_stream_past_its_limit_is_refused_with_a_413_or_the_refusal_given():
+    import asyncio
+
+    from vibevoice_onnx.serve.http import ApiError, bounded
+
+    async def chunks(*sizes):
+        for size in sizes:
+            yield b"x" * size
+
+    async def taken(stream):
+        return [chunk async for chunk in stream]
+
+    assert asyncio.run(taken(bounded(chunks(2**19, 2**19), 2**20))) == [b"x" * 2**19] * 2  # at the limit
+    assert _api_error(taken(bounded(chunks(2**19, 2**19, 1), 2**20)))[:3] == \
+        (413, "too_large", "the request is larger than the limit of 1 MB")
+    own = ApiError(413, "the upload is too big")
+    assert _api_error(taken(bounded(chunks(3), 2, own)))[2] == "the upload is too big"
+
+
+def test_a_wait_with_a_timeout_is_a_408_naming_what_did_not_arrive():
+    import asyncio
+
+    from vibevoice_onnx.serve.http import with_timeout
+
+    async def never():
+        await asyncio.Event().wait()
+
+    async def soon():
+        return 5
+
+    assert asyncio.run(with_timeout(soon(), None)) == 5 and asyncio.run(with_timeout(soon(), 30)) == 5
+    assert _api_error(with_timeout(never(), 0.01))[:3] == (408, None, "the request body did not arrive within 0.01 s")
+    assert _api_error(with_timeout(never(), 0.5, "a message"))[2] == "a message did not arrive within 0.5 s"
+
+
+class _Socket:
+    """The ASGI messages a websocket delivers, in order (starlette's WebSocket.receive gives these dicts)."""
+
+    def __init__(self, *messages):
+        self.messages = list(messages)
+
+    async def receive(self):
+        return self.messages.pop(0)
+
+
+def test_a_websocket_message_is_json_an_allowed_word_or_allowed_bytes_and_anything_else_an_error():
+    import asyncio
+
+    from starlette.websockets import WebSocketDisconnect
+
+    from vibevoice_onnx.serve.http import receive_message
+
+    def text(value):
+        return {"type": "websocket.receive", "text": value}
+
+    def received(message, **options):
+        return asyncio.run(receive_message(_Socket(message), 30, **options))
+
+    assert received(text('{"type": "x"}')) == {"type": "x"}
+    assert received(text(' "done" '), words=("done",)) == "done" and received(text("done"), words=("done",)) == "done"
+    assert received({"type": "websocket.receive", "bytes": b"\x00\x01"}, binary=True) == b"\x00\x01"
+    assert _api_error(receive_message(_Socket({"type": "websocket.receive", "bytes": b"\x00"}), 30))[:3] == \
+        (400, "invalid_message", "this socket takes JSON text messages, and a binary message came")
+    assert _api_error(receive_message(_Socket(text("[1]")), 30))[:3] == \
+        (400, "invalid_message", "a message must be a JSON object, not list")
+    assert _api_error(receive_message(_Socket(text("done")), 30))[2].startswith("the message is not valid JSON (")
+    for message, code, reason in (({"type": "websocket.disconnect", "code": 1001, "reason": "bye"}, 1001, "bye"),
+                                  ({"type": "websocket.disconnect"}, 1000, None)):
+        with pytest.raises(WebSocketDisconnect) as left:
+            received(message)
+        assert (left.value.code, left.value.reason) == (code, reason or "")
+
+    async def silent():
+        socket = _Socket()
+        socket.receive = lambda: asyncio.Event().wait()
+        return await receive_message(socket, 0.01)
+
+    assert _api_error(silent())[:3] == (408, None, "a message did not arrive within 0.01 s")
+
+
+def _request(*messages):
+    """A starlette Request whose body arrives as these ASGI messages."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    queue = list(messages)
+
+    async def receive():  # then nothing more, ever: a client that stalls
+        return queue.pop(0) if queue else await asyncio.Event().wait()
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+def test_a_body_is_read_whole_bounded_and_timed_and_a_client_that_leaves_is_gone():
+    import asyncio
+
+    from vibevoice_onnx.serve.http import ClientGone, read_body, read_json
+
+    part = {"type": "http.request", "body": b'{"a": ', "more_body": True}
+    end = {"type": "http.request", "body": b"1}", "more_body": False}
+    assert asyncio.run(read_json(_request(part, end), 100, 30)) == {"a": 1}
+    assert asyncio.run(read_body(_request(part, end), 8, 30)) == b'{"a": 1}'  # at the limit
+    assert _api_error(read_body(_request(part, end), 7, 30))[0] == 413
+    assert _api_error(read_json(_request(part), 100, 0.01))[:3] == \
+        (408, None, "the request body did not arrive within 0.01 s")
+    assert _api_error(read_json(_request({"type": "http.request", "body": b"{", "more_body": False}), 100, 30))[2] \
+        .startswith("the body is not valid JSON (")
+    with pytest.raises(ClientGone):
+        asyncio.run(read_body(_request(part, {"type": "http.disconnect"}), 100, 30))
+
+
+def _watched(*messages, headers=()):
+    """A RequestBody over these ASGI messages, then a client that sends nothing more."""
+    import asyncio
+
+    from vibevoice_onnx.serve.http import RequestBody
+
+    queue = list(messages)
+
+    async def receive():
+        return queue.pop(0) if queue else await asyncio.Event().wait()
+
+    return RequestBody(receive, list(headers))
+
+
+def _part(size: int, more: bool = True) -> dict:
+    return {"type": "http.request", "body": b"x" * size, "more_body": more}
+
+
+def test_a_watched_body_counts_what_came_and_knows_when_it_ended():
+    import asyncio
+
+    async def read(body, times):
+        for _ in range(times):
+            await body.receive()
+        return body.started, body.received, body.ended
+
+    fresh = _watched()
+    assert (fresh.started, fresh.received, fresh.ended) == (False, 0, False)
+    body = _watched(_part(3), _part(2, more=False))
+    assert asyncio.run(read(body, 1)) == (True, 3, False)
+    assert asyncio.run(read(body, 1)) == (True, 5, True)
+    assert asyncio.run(read(_watched(_part(3), {"type": "http.disconnect"}), 2)) == (True, 3, True)
+    assert asyncio.run(read(_watched({"type": "http.request"}), 1)) == (True, 0, True)  # no more_body: the end
+
+
+def test_settling_reads_the_rest_of_a_body_within_its_bounds_or_says_to_close(monkeypatch):
+    """An answer given before the body was read: the rest is read and dropped (True: the connection may stay)
+    unless the body is over (True at once), the answer is a 408, the client waits for 100 Continue, its declared
+    length or what it sends passes the bound, or it stops sending (False: the answer closes)."""
+    import asyncio
+
+    from vibevoice_onnx.serve import http
+
+    def settled(body, status=400):
+        return asyncio.run(body.settle(status))
+
+    ended = _watched(_part(2, more=False))
+    asyncio.run(ended.receive())
+    assert settled(ended) is True
+    rest = _watched(_part(5), _part(5), _part(1, more=False), headers=[(b"content-length", b"11")])
+    assert settled(rest) is True and rest.received == 11
+    assert settled(_watched(_part(5, more=False)), 408) is False
+    assert settled(_watched(_part(5, more=False), headers=[(b"expect", b"100-Continue")])) is False
+    sent = _watched(_part(1), _part(1, more=False), headers=[(b"expect", b"100-continue")])
+    asyncio.run(sent.receive())  # it began sending: it wants the answer after its body
+    assert settled(sent) is True
+    big = str(http.LINGER_BYTES + 1).encode()
+    assert settled(_watched(_part(1, more=False), headers=[(b"content-length", big)])) is False
+    begun = _watched(_part(1), _part(1, more=False), headers=[(b"content-length", big)])
+    asyncio.run(begun.receive())  # one byte in: LINGER_BYTES left, at the bound
+    assert settled(begun) is True
+    monkeypatch.setattr(http, "LINGER_IDLE_SECONDS", 0.01)
+    assert settled(_watched(_part(1))) is False  # then silence
+    monkeypatch.setattr(http, "LINGER_BYTES", 4)
+    assert settled(_watched(_part(2), _part(2), _part(0, more=False))) is True  # four bytes: at the bound
+    assert settled(_watched(_part(2), _part(3), _part(0, more=False))) is False
