@@ -559,6 +559,7 @@ def _refusal(call) -> tuple:
     ("yes", bool, 422, "'f' must be true or false, got a string"),
     (1, bool, 422, "'f' must be true or false, got a number"),
     ("x", dict, 422, "'f' must be an object, got a string"),
+    ("3", dict, 422, "'f' must be an object, got a string"),  # a form's number is no object
 ], ids=lambda v: repr(v)[:12])
 def test_a_field_of_the_wrong_type_is_a_422_naming_the_field_and_what_came(value, kind, status, words):
     from vibevoice_onnx.serve.fields import take
@@ -670,6 +671,21 @@ def test_admission_lets_active_run_queues_the_next_and_answers_the_rest_429_with
         door.leave()
         await asyncio.wait_for(queued, 30)  # the queued one runs once a slot is free
         assert door.waiting == 0
+        deep = Admission(active=1, queue=2)
+        await deep.enter()
+        two = [asyncio.create_task(deep.enter()) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert deep.waiting == 2
+        try:
+            await deep.enter()
+        except Exception as e:  # noqa: BLE001 - examined below
+            assert e.message == "the server is busy (1 generations running, 2 waiting); retry shortly"
+        else:
+            raise AssertionError("a third waiting request was queued past the queue of 2")
+        for _ in two:
+            deep.leave()
+        await asyncio.wait_for(asyncio.gather(*two), 30)
+        assert deep.waiting == 0
         busy = Admission(active=2, queue=0)
         await busy.enter()
         await busy.enter()
@@ -752,6 +768,8 @@ def test_a_websocket_message_is_json_an_allowed_word_or_allowed_bytes_and_anythi
 
     assert received(text('{"type": "x"}')) == {"type": "x"}
     assert received(text(' "done" '), words=("done",)) == "done" and received(text("done"), words=("done",)) == "done"
+    assert _api_error(receive_message(_Socket(text("Xdone")), 30, words=("done",)))[2] \
+        .startswith("the message is not valid JSON (")  # only quotes and spaces around a word are forgiven
     assert received({"type": "websocket.receive", "bytes": b"\x00\x01"}, binary=True) == b"\x00\x01"
     assert _api_error(receive_message(_Socket({"type": "websocket.receive", "bytes": b"\x00"}), 30))[:3] == \
         (400, "invalid_message", "this socket takes JSON text messages, and a binary message came")
@@ -870,3 +888,65 @@ def test_settling_reads_the_rest_of_a_body_within_its_bounds_or_says_to_close(mo
     monkeypatch.setattr(http, "LINGER_BYTES", 4)
     assert settled(_watched(_part(2), _part(2), _part(0, more=False))) is True  # four bytes: at the bound
     assert settled(_watched(_part(2), _part(3), _part(0, more=False))) is False
+
+
+def test_a_request_layer_error_keeps_its_code_and_names_the_field_as_the_body_does():
+    from vibevoice_onnx.requests import RequestError
+    from vibevoice_onnx.serve.fields import api_error
+
+    error = api_error(RequestError("text", "{field} has nothing to speak", code="empty_input"))
+    assert (error.status, error.param, error.code, error.message) == (400, "input", "empty_input",
+                                                                      "input has nothing to speak")
+    error = api_error(RequestError("speakers", "add {entry}", speaker=3, code="voice_not_found"))
+    assert (error.param, error.code, error.message) == \
+        ("voice", "voice_not_found", "add a voice for Speaker 3 to 'voice' (comma-separated, in speaker order)")
+
+
+def test_a_job_that_fails_hands_its_own_exception_to_the_reader():
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vibevoice_onnx.serve.http import Pump
+
+    def job(emit):
+        emit(1)
+        raise ValueError("boom")
+
+    async def read():
+        got = []
+        with ThreadPoolExecutor(1) as workers:
+            try:
+                async for item in Pump(job, workers):
+                    got.append(item)
+            except ValueError as e:
+                return got, str(e)
+        return got, None
+
+    assert asyncio.run(read()) == ([1], "boom")
+
+
+def test_once_the_server_is_stopping_a_job_emits_past_the_bound_and_loses_nothing():
+    """Shutdown: a job whose reader is slow no longer waits for room; every item it emits still arrives."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vibevoice_onnx.serve.http import PUMP_AHEAD, Pump
+
+    stopping, ended = threading.Event(), threading.Event()
+    stopping.set()
+
+    def job(emit):
+        for index in range(3 * PUMP_AHEAD):
+            emit(index)
+        ended.set()
+        return "done"
+
+    async def read():
+        with ThreadPoolExecutor(1) as workers:
+            pump = Pump(job, workers, stopping=stopping)
+            assert await asyncio.get_running_loop().run_in_executor(None, ended.wait, 30)  # ran to its end unread
+            items = [item async for item in pump]
+            return items, pump.result
+
+    assert asyncio.run(read()) == (list(range(3 * PUMP_AHEAD)), "done")
