@@ -644,7 +644,7 @@ def test_json_from_a_client_is_parsed_or_refused_in_one_sentence():
 
 
 @pytest.mark.parametrize("text, depth", [("", 0), ("1", 0), ("[]", 1), ("[[], []]", 2), ('{"a": [1, {"b": 2}]}', 3),
-                                         ('"[[["', 0), ('[{"x": "]]] [[["}]', 2), ('["\\"[["]', 1),
+                                         ('"[[["', 0), ('[{"x": "]]] [[["}]', 2), ('["\\"[["]', 1), ('[[], [[]]]', 3),
                                          ("[" * 100, 33)])
 def test_json_depth_counts_brackets_outside_strings_and_stops_past_the_limit(text, depth):
     from vibevoice_onnx.serve.http import json_depth
@@ -903,18 +903,20 @@ def test_a_request_layer_error_keeps_its_code_and_names_the_field_as_the_body_do
 
 
 def test_a_job_that_fails_hands_its_own_exception_to_the_reader():
+    """It ran on the executor it was given (the server's generation threads, which bound how many run at once)."""
     import asyncio
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from vibevoice_onnx.serve.http import Pump
 
     def job(emit):
-        emit(1)
+        emit(threading.current_thread().name)
         raise ValueError("boom")
 
     async def read():
         got = []
-        with ThreadPoolExecutor(1) as workers:
+        with ThreadPoolExecutor(1, thread_name_prefix="generation") as workers:  # the server's threads
             try:
                 async for item in Pump(job, workers):
                     got.append(item)
@@ -922,7 +924,8 @@ def test_a_job_that_fails_hands_its_own_exception_to_the_reader():
                 return got, str(e)
         return got, None
 
-    assert asyncio.run(read()) == ([1], "boom")
+    (ran_on,), error = asyncio.run(read())
+    assert ran_on.startswith("generation") and error == "boom"
 
 
 def test_once_the_server_is_stopping_a_job_emits_past_the_bound_and_loses_nothing():
@@ -950,3 +953,29 @@ def test_once_the_server_is_stopping_a_job_emits_past_the_bound_and_loses_nothin
             return items, pump.result
 
     assert asyncio.run(read()) == (list(range(3 * PUMP_AHEAD)), "done")
+
+
+def test_a_model_not_served_is_a_404_naming_the_field(models):
+    from vibevoice_onnx.serve.fields import served_model
+
+    status, param, code, message = _refusal(lambda: served_model(models, "no-such-model", "speech"))
+    assert (status, param, code) == (404, "model", "model_not_found") and "no-such-model" in message
+
+
+def test_a_client_that_trickles_its_body_is_closed_at_the_deadline(monkeypatch):
+    """A byte at a time, each well within the idle limit, for (here) some 3,000 bytes: settling gives up at
+    LINGER_SECONDS in all (the answer then closes the connection) instead of reading it to its end."""
+    import asyncio
+
+    from vibevoice_onnx.serve import http
+
+    monkeypatch.setattr(http, "LINGER_SECONDS", 0.05)
+    monkeypatch.setattr(http, "LINGER_IDLE_SECONDS", 30.0)
+    sent = [0]
+
+    async def trickle():
+        await asyncio.sleep(0.001)
+        sent[0] += 1
+        return _part(1, more=sent[0] < 3000)
+
+    assert asyncio.run(http.RequestBody(trickle, []).settle(400)) is False and sent[0] < 3000
