@@ -537,12 +537,26 @@ def test_a_job_runs_at_most_pump_ahead_items_ahead_of_its_reader_and_stops_with_
     assert ended.is_set()  # the stopped job ended at its waiting emit
 
 
-def _refusal(call) -> tuple:
+def _raised(awaitable_or_call):
+    """The ApiError a call raises (a coroutine is run to its end); its text is its message."""
+    import asyncio
+    import inspect
+
     from vibevoice_onnx.serve.http import ApiError
 
     with pytest.raises(ApiError) as refused:
-        call()
-    return refused.value.status, refused.value.param, refused.value.code, refused.value.message
+        if inspect.iscoroutine(awaitable_or_call):
+            asyncio.run(awaitable_or_call)
+        else:
+            awaitable_or_call()
+    assert str(refused.value) == refused.value.message
+    return refused.value
+
+
+def _refusal(call) -> tuple:
+    """(status, param, code, message) of the ApiError a call raises."""
+    error = _raised(call)
+    return error.status, error.param, error.code, error.message
 
 
 @pytest.mark.parametrize("value, kind, status, words", [
@@ -611,18 +625,7 @@ def test_an_option_is_the_runtimes_own_range_from_json_or_a_form():
 
 def _api_error(awaitable_or_call) -> tuple:
     """(status, code, message, headers) of the ApiError a call raises (a coroutine is run to its end)."""
-    import asyncio
-    import inspect
-
-    from vibevoice_onnx.serve.http import ApiError
-
-    with pytest.raises(ApiError) as refused:
-        if inspect.iscoroutine(awaitable_or_call):
-            asyncio.run(awaitable_or_call)
-        else:
-            awaitable_or_call()
-    error = refused.value
-    assert str(error) == error.message
+    error = _raised(awaitable_or_call)
     return error.status, error.code, error.message, error.headers
 
 
