@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from vibevoice_onnx.errors import VibeVoiceError
-from vibevoice_onnx.web.check import (LOOP_COSINE, LOOP_GAIN, closeness, gain, graph_calls, leveled, loop_verdict,
-                                      page_arithmetic)
+from vibevoice_onnx.web.check import (LOOP_COSINE, LOOP_FRAMES, LOOP_GAIN, closeness, gain, graph_calls, leveled,
+                                      loop_rows, loop_verdict, page_arithmetic, whole_loop)
 
 
 @pytest.mark.parametrize("got, expected, difference, cosine", [
@@ -20,6 +20,7 @@ from vibevoice_onnx.web.check import (LOOP_COSINE, LOOP_GAIN, closeness, gain, g
     ([2.0, -4.0, 8.0], [1.0, -2.0, 4.0], 1.0, 1.0),  # twice as loud: the cosine cannot see it
     ([-1.0, 2.0], [1.0, -2.0], 2.0, -1.0),
     ([0.0, 1.0], [1.0, 0.0], 1.0, 0.0),
+    ([0.1, 0.2], [0.1, 0.4], 0.5, 0.9761870601839527),  # a scale below 1 is the scale
     ([0.5, 0.5], [0.0, 0.0], 0.5, 1.0),  # nothing expected: scale 1, no direction
     ([3.0], [2.0], 0.5, 1.0),  # one value has no direction
     ([], [], 0.0, 1.0),
@@ -122,3 +123,33 @@ def test_graph_calls_name_the_graph_a_caller_could_not_run_or_gave_the_wrong_sha
     with pytest.raises(VibeVoiceError, match=r"^acoustic_connector\.embeddings: JavaScript gave shape \(\d+,\), "
                                              r"Python \(1, 1, \d+\)$"):
         graph_calls(_onnxruntime_caller(tiny_bundle, flattened), tiny_bundle)
+
+
+def _python_speaker(bundle_dir, heard: list, change=lambda samples, rate: (samples, rate)):
+    """A JavaScript speaker's contract kept by the Python runtime itself: (text, noise rows, frames, voice) ->
+    {samples, rate, frames}; `change` alters what it answers."""
+    from vibevoice_onnx.runtime.speech import open_tts
+    from vibevoice_onnx.sampling import NoiseSource
+
+    def speak(text, rows, frames, voice):
+        heard.append(voice)
+        samples, rate = open_tts(bundle_dir).create(text, voice=voice, noise=NoiseSource(rows=rows), max_frames=frames)
+        samples, rate = change(samples, rate)
+        return {"samples": samples.tolist(), "rate": rate, "frames": frames}
+
+    return speak
+
+
+def test_the_whole_loop_holds_a_speaker_to_python_and_a_wrong_rate_or_length_to_nothing(tiny_bundle):
+    """The noise rows are float32 (what the page's Float32Array holds, so both sides draw the same noise); a speaker
+    that speaks as Python does measures cosine 1; one answering at another rate, or another length, fails whole."""
+    assert loop_rows().dtype == np.float32 and loop_rows(3).shape == (3, 64)
+    heard = []
+    same = whole_loop(_python_speaker(tiny_bundle, heard), tiny_bundle, "synthetic", frames=4)
+    assert heard == ["synthetic"] and same["frames"] == (4, 4)
+    assert same["cosine"] == pytest.approx(1.0, abs=1e-12) and same["difference"] == 0.0 and same["gain"] == 1.0
+    for change in (lambda samples, rate: (samples, rate + 1), lambda samples, rate: (samples[:-1], rate)):
+        off = whole_loop(_python_speaker(tiny_bundle, [], change), tiny_bundle, "synthetic", frames=4)
+        assert (off["cosine"], off["difference"], off["gain"]) == (0.0, float("inf"), 0.0)
+        assert not loop_verdict(off, "fp32")["passed"]
+    assert LOOP_FRAMES == len(loop_rows())
