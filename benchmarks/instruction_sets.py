@@ -67,12 +67,11 @@ def main() -> int:
     report = {**header(), "hosts": {name: capability(prefix) for name, prefix in HOSTS.items()}, "cases": []}
     for kind, precision in CASES:
         checkpoint, built = bundle(args.workdir, kind, precision)
-        case = {"kind": kind, "precision": precision, "hosts": {}}
+        case = {"kind": kind, "precision": precision, "hosts": {}, "gates": {}}
         for name, prefix in HOSTS.items():
             record, seconds = verified(prefix, checkpoint, built)
             case["hosts"][name] = {"passed": record["passed"], "seconds": seconds,
                                    "failed": [g["name"] for g in record["gates"] if not g["passed"]]}
-            case.setdefault("gates", {})
             for gate in record["gates"]:
                 case["gates"].setdefault(gate["name"], {})[name] = {"passed": gate["passed"], **measured(gate)}
         verdicts = {tuple(sorted(h["failed"])) for h in case["hosts"].values()}

@@ -89,6 +89,18 @@ def triage(survivors: dict[str, list[dict]]) -> dict[str, int]:
     return dict(counts)
 
 
+def without_option(args: list[str], option: tuple[str, str]) -> list[str]:
+    """`args` with each occurrence of the two-word `option` (such as "-p", "no:logging") taken out."""
+    kept, i = [], 0
+    while i < len(args):
+        if tuple(args[i:i + 2]) == option:
+            i += 2
+        else:
+            kept.append(args[i])
+            i += 1
+    return kept
+
+
 def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: bool, logging: bool = False) -> Path:
     """A copy of the checkout (what git tracks, as it is now) whose [tool.mutmut] mutates `sources` against
     `tests`: mutmut reads its settings from pyproject.toml alone, and this checkout's stay as they are.
@@ -102,10 +114,12 @@ def scratch_copy(scratch: Path, sources: list[str], tests: list[str], reuse: boo
                 (scratch / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / name, scratch / name)
         project = (scratch / "pyproject.toml").read_text()
-        for key, value in (("source_paths", sources), ("pytest_add_cli_args_test_selection", tests)):
-            project = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", project, count=1, flags=re.M)
+        settings = {"source_paths": sources, "pytest_add_cli_args_test_selection": tests}
         if logging:
-            project = project.replace('"-p", "no:logging"', "", 1).replace(', ]', "]")
+            pytest_args = tomllib.loads(project)["tool"]["mutmut"]["pytest_add_cli_args"]
+            settings["pytest_add_cli_args"] = without_option(pytest_args, ("-p", "no:logging"))
+        for key, value in settings.items():
+            project = re.sub(rf"^{key} = .*$", f"{key} = {json.dumps(value)}", project, count=1, flags=re.M)
         (scratch / "pyproject.toml").write_text(project)
         # the tests find ../shared from where mutmut runs them (scratch/mutants), as they do from a checkout
         (scratch / "shared").symlink_to(REPO.parent / "shared")

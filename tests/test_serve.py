@@ -746,14 +746,23 @@ def test_a_wait_with_a_timeout_is_a_408_naming_what_did_not_arrive():
     assert _api_error(with_timeout(never(), 0.5, "a message"))[2] == "a message did not arrive within 0.5 s"
 
 
-class _Socket:
-    """The ASGI messages a websocket delivers, in order (starlette's WebSocket.receive gives these dicts)."""
+def _receiver(*messages):
+    """An ASGI `receive`: these messages in order, then nothing more, ever (a client that stalls)."""
+    import asyncio
 
-    def __init__(self, *messages):
-        self.messages = list(messages)
+    queue = list(messages)
 
-    async def receive(self):
-        return self.messages.pop(0)
+    async def receive():
+        return queue.pop(0) if queue else await asyncio.Event().wait()
+
+    return receive
+
+
+def _socket(*messages):
+    """A websocket whose receive gives these ASGI messages (starlette's WebSocket.receive gives these dicts)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(receive=_receiver(*messages))
 
 
 def test_a_websocket_message_is_json_an_allowed_word_or_allowed_bytes_and_anything_else_an_error():
@@ -767,44 +776,32 @@ def test_a_websocket_message_is_json_an_allowed_word_or_allowed_bytes_and_anythi
         return {"type": "websocket.receive", "text": value}
 
     def received(message, **options):
-        return asyncio.run(receive_message(_Socket(message), 30, **options))
+        return asyncio.run(receive_message(_socket(message), 30, **options))
 
     assert received(text('{"type": "x"}')) == {"type": "x"}
     assert received(text(' "done" '), words=("done",)) == "done" and received(text("done"), words=("done",)) == "done"
-    assert _api_error(receive_message(_Socket(text("Xdone")), 30, words=("done",)))[2] \
+    assert _api_error(receive_message(_socket(text("Xdone")), 30, words=("done",)))[2] \
         .startswith("the message is not valid JSON (")  # only quotes and spaces around a word are forgiven
     assert received({"type": "websocket.receive", "bytes": b"\x00\x01"}, binary=True) == b"\x00\x01"
-    assert _api_error(receive_message(_Socket({"type": "websocket.receive", "bytes": b"\x00"}), 30))[:3] == \
+    assert _api_error(receive_message(_socket({"type": "websocket.receive", "bytes": b"\x00"}), 30))[:3] == \
         (400, "invalid_message", "this socket takes JSON text messages, and a binary message came")
-    assert _api_error(receive_message(_Socket(text("[1]")), 30))[:3] == \
+    assert _api_error(receive_message(_socket(text("[1]")), 30))[:3] == \
         (400, "invalid_message", "a message must be a JSON object, not list")
-    assert _api_error(receive_message(_Socket(text("done")), 30))[2].startswith("the message is not valid JSON (")
+    assert _api_error(receive_message(_socket(text("done")), 30))[2].startswith("the message is not valid JSON (")
     for message, code, reason in (({"type": "websocket.disconnect", "code": 1001, "reason": "bye"}, 1001, "bye"),
                                   ({"type": "websocket.disconnect"}, 1000, None)):
         with pytest.raises(WebSocketDisconnect) as left:
             received(message)
         assert (left.value.code, left.value.reason) == (code, reason or "")
 
-    async def silent():
-        socket = _Socket()
-        socket.receive = lambda: asyncio.Event().wait()
-        return await receive_message(socket, 0.01)
-
-    assert _api_error(silent())[:3] == (408, None, "a message did not arrive within 0.01 s")
+    assert _api_error(receive_message(_socket(), 0.01))[:3] == (408, None, "a message did not arrive within 0.01 s")
 
 
 def _request(*messages):
-    """A starlette Request whose body arrives as these ASGI messages."""
-    import asyncio
-
+    """A starlette Request whose body arrives as these ASGI messages, then stalls."""
     from starlette.requests import Request
 
-    queue = list(messages)
-
-    async def receive():  # then nothing more, ever: a client that stalls
-        return queue.pop(0) if queue else await asyncio.Event().wait()
-
-    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, _receiver(*messages))
 
 
 def test_a_body_is_read_whole_bounded_and_timed_and_a_client_that_leaves_is_gone():
@@ -827,16 +824,9 @@ def test_a_body_is_read_whole_bounded_and_timed_and_a_client_that_leaves_is_gone
 
 def _watched(*messages, headers=()):
     """A RequestBody over these ASGI messages, then a client that sends nothing more."""
-    import asyncio
-
     from vibevoice_onnx.serve.http import RequestBody
 
-    queue = list(messages)
-
-    async def receive():
-        return queue.pop(0) if queue else await asyncio.Event().wait()
-
-    return RequestBody(receive, list(headers))
+    return RequestBody(_receiver(*messages), list(headers))
 
 
 def _part(size: int, more: bool = True) -> dict:
