@@ -212,7 +212,10 @@ def test_both_layouts_build_the_same_graphs(asr_bundle, tiny_checkpoints, tokeni
 
     load_asr(tiny_checkpoints["asr"]).model.save_pretrained(tmp_path / "hf")
     tokenizer.save(str(tmp_path / "tokenizer.json"))
-    hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", tokenizer=tmp_path / "tokenizer.json")
+    # Written without torch, as the session's codes-layout bundle is (test_writer holds each layout's written graphs
+    # to the traced ones). transformers 5.23 saves the llava-style names (`language_model.model.*`, no `model.`
+    # before the encoders), not the `model.*` ones our synthetic -HF checkpoint stores: the writer read only those.
+    hf_bundle = build_bundle(tmp_path / "hf", tmp_path / "onnx", tokenizer=tmp_path / "tokenizer.json", write=True)
     assert hf_bundle.parent.name == "asr-hf"
     samples = speech_like(3200 * 4 + 99, seed=4)
     runs = [Transcriber(b).transcribe(samples, sample_rate=24000, max_new_tokens=12, mean_latents=True).tokens

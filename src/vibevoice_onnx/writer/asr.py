@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..checkpoints.layouts import asr_codes_layout
-from ..checkpoints.names import asr_codes_to_hf
+from ..checkpoints.names import asr_codes_to_hf, normalise_key
 from ..families import family
 from . import write_graph
 from .blocks import F32, Weights, connector, encoder_stream, gemm, language_model, lm_weight_bytes
@@ -26,10 +26,12 @@ def upstream_weights(checkpoint) -> Weights:
     if not family(checkpoint.kind).transformers_names:
         return Weights(checkpoint.files)
     # The upstream layout's names, each mapped to the stored one; its decoder (which transformers' layout lacks, so
-    # its dims are the encoder's here) maps to none.
+    # its dims are the encoder's here) maps to none. Stored names are read in either of transformers' spellings
+    # (`model.*`, or the llava-style prefixes its own save_pretrained writes): normalised, then back to the file's.
     dims = replace(checkpoint.dims, acoustic_decoder=checkpoint.dims.acoustic_encoder)
+    in_files = {normalise_key(checkpoint.kind, name): name for name in checkpoint.files.tensors}
     stored = {t.name: asr_codes_to_hf(t.name) for t in asr_codes_layout(dims).tensors}
-    return Weights(checkpoint.files, stored={u: s for u, s in stored.items() if s is not None})
+    return Weights(checkpoint.files, stored={u: in_files.get(s, s) for u, s in stored.items() if s is not None})
 
 
 def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dict,
