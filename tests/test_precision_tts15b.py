@@ -100,7 +100,8 @@ def test_a_speculation_that_is_not_undone_fails_the_streams_gate(variants, tmp_p
 
 def test_fp16_is_built_for_gpus_and_checked_statically(tiny_checkpoints, variants):
     root = variants.parent
-    assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", "fp16", "--device", "cuda"]) == 0
+    assert main(["build", str(tiny_checkpoints["1.5b"]), "-o", str(root), "--precision", "fp16", "--device", "cuda",
+                 "--graphs", "written"]) == 0  # the traced fp16: test_precision's realtime
     bundle = root / "1.5b" / "cuda_fp16"
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["device"] == "cuda" and manifest["precision"] == "fp16"
