@@ -972,3 +972,183 @@ def test_a_client_that_trickles_its_body_is_closed_at_the_deadline(monkeypatch):
         return _part(1, more=sent[0] < 3000)
 
     assert asyncio.run(http.RequestBody(trickle, []).settle(400)) is False and sent[0] < 3000
+
+
+def _transcription_form(models, *pairs):
+    """parse_transcription of a multipart form as starlette hands it: the model, then `pairs` (repeats allowed)."""
+    from starlette.datastructures import FormData
+
+    from vibevoice_onnx.serve.transcriptions import parse_transcription
+
+    return parse_transcription(FormData([("model", "whisper-1"), *pairs]), models)
+
+
+def test_a_transcription_form_is_taken_with_openais_defaults_and_the_runtimes_options(models):
+    """A bare form: json, no prompt or language, not streamed, the runtime's token cap, noise sampled, the guard on.
+    Every field given reaches the call by its own name (a form sends text, parsed as the field's type)."""
+    from vibevoice_onnx.runtime.asr import MAX_NEW_TOKENS
+
+    bare = _transcription_form(models)
+    assert bare.model.kind == "asr"
+    assert (bare.response_format, bare.prompt, bare.language, bare.stream) == ("json", None, None, False)
+    assert bare.options == {"seed": None, "mean_latents": False, "repetition_guard": True,
+                            "max_new_tokens": MAX_NEW_TOKENS}
+    given = _transcription_form(models, ("response_format", "srt"), ("prompt", "Ada, Lovelace"), ("language", "en"),
+                                ("stream", "true"), ("seed", "11"), ("max_new_tokens", "40"),
+                                ("mean_latents", "true"), ("repetition_guard", "false"), ("temperature", "1"),
+                                ("timestamp_granularities[]", "segment"), ("include[]", "logprobs"))
+    assert (given.response_format, given.prompt, given.language, given.stream) == ("srt", "Ada, Lovelace", "en", True)
+    assert given.options == {"seed": 11, "mean_latents": True, "repetition_guard": False, "max_new_tokens": 40}
+
+
+@pytest.mark.parametrize("pairs, refusal", [
+    ([("prompt", ("a.txt", b"x"))], (422, "prompt", "invalid_type", "'prompt' must be a text field, not a file")),
+    ([("response_format", "tsv")], (400, "response_format", "invalid_value", None)),
+    ([("timestamp_granularities[]", "word")],
+     (400, "timestamp_granularities", "unsupported_value", "word timestamps are not available: VibeVoice-ASR writes "
+      "timestamps per segment only; ask for 'segment'")),
+    ([("timestamp_granularities", "segment,sentence")],  # LiteLLM's bare key, a comma list
+     (400, "timestamp_granularities", "invalid_value", "timestamp_granularities must be 'segment', got 'sentence'")),
+    ([("temperature", "1.5")], (400, "temperature", "invalid_value",
+                                "'temperature' must be from 0 to 1, got 1.5 (decoding is greedy whatever it is)")),
+    ([("temperature", "-0.1")], (400, "temperature", "invalid_value", None)),
+    ([("seed", "-1")], (400, "seed", "invalid_value", None)),
+    ([("max_new_tokens", "0")], (400, "max_new_tokens", "invalid_value", None)),
+    ([("mean_latents", "maybe")], (422, "mean_latents", "invalid_type", None)),
+    ([("repetition_guard", "2")], (422, "repetition_guard", "invalid_type", None)),
+    ([("language", ("a.txt", b"x"))], (422, "language", "invalid_type", None)),
+    ([("stream", "often")], (422, "stream", "invalid_type", None)),
+], ids=lambda v: str(v)[:30])
+def test_each_refused_transcription_field_is_named_with_its_status_and_code(models, pairs, refusal):
+    from starlette.datastructures import UploadFile
+
+    pairs = [(key, UploadFile(io.BytesIO(value[1]), filename=value[0]) if isinstance(value, tuple) else value)
+             for key, value in pairs]
+    status, param, code, message = _refusal(lambda: _transcription_form(models, *pairs))
+    assert (status, param, code) == refusal[:3] and message == (refusal[3] or message)
+
+
+def test_a_form_without_a_model_is_refused_naming_it(models):
+    from starlette.datastructures import FormData
+
+    from vibevoice_onnx.serve.transcriptions import parse_transcription
+
+    assert _refusal(lambda: parse_transcription(FormData([("language", "en")]), models))[:2] == (400, "model")
+
+
+def test_temperature_from_0_to_1_is_taken_and_ignored(models):
+    for value in ("0", "0.5", "1"):
+        assert _transcription_form(models, ("temperature", value)).options["seed"] is None
+
+
+@pytest.mark.parametrize("content, code, words", [
+    (b"", "invalid_file", "the uploaded file is not audio this server can decode ("),
+    (b"RIFF\x00\x01garbage" * 50, "invalid_file", "the uploaded file is not audio this server can decode ("),
+    ("silent", "silent_file", "the uploaded audio is silent, so there is nothing to transcribe"),
+    ("nan", "invalid_file", "the uploaded file holds NaN or infinite samples"),
+    ("inf", "invalid_file", "the uploaded file holds NaN or infinite samples"),
+    ("empty", "empty_file", "the uploaded file holds no audio (zero samples)"),
+])
+def test_an_upload_that_holds_nothing_to_transcribe_is_a_400_saying_why(tmp_path, content, code, words):
+    import soundfile as sf
+
+    from vibevoice_onnx.serve.transcriptions import load_upload
+
+    path = tmp_path / "upload.wav"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        samples = {"silent": np.zeros(2400), "empty": np.zeros(0), "nan": np.full(2400, np.nan),
+                   "inf": np.r_[np.zeros(100), np.inf]}[content]
+        sf.write(str(path), samples.astype(np.float32), 24000, subtype="FLOAT")
+    status, param, got_code, message = _refusal(lambda: load_upload(str(path)))
+    assert (status, param, got_code) == (400, "file", code) and message.startswith(words)
+
+
+def test_an_upload_of_speech_is_its_samples_at_its_rate(tmp_path):
+    import soundfile as sf
+
+    from vibevoice_onnx.serve.transcriptions import load_upload
+
+    samples = speech_like()[:4000]
+    sf.write(str(tmp_path / "a.wav"), samples, 16000, subtype="FLOAT")
+    got, rate = load_upload(str(tmp_path / "a.wav"))
+    assert rate == 16000 and np.array_equal(got, samples)
+
+
+@pytest.mark.parametrize("body, text_required, refusal", [
+    ([1], True, (400, None, "invalid_json", "the body must be a JSON object")),
+    ({"voice": {"name": "synthetic"}}, True, (422, "voice", "invalid_type", "'voice' as an object must have a string 'id'")),
+    ({"voice": {"id": 3}}, True, (422, "voice", "invalid_type", "'voice' as an object must have a string 'id'")),
+    ({"voice": 3}, True, (422, "voice", "invalid_type", "'voice' must be a string or an object with an 'id', got int")),
+    ({"voice": "synthetic,alloy"}, False, (400, "voice", None, "a streamed text takes one voice")),
+    ({"voice": "synthetic,alloy,synthetic", "input": "Speaker 1: Hi.\nSpeaker 2: Yo."}, True,
+     (400, "voice", None, "the script has 2 speakers (1, 2) but 3 voices are given: give one per speaker, in order, "
+                          "comma-separated")),
+], ids=lambda v: str(v)[:30])
+def test_a_speech_body_is_refused_by_its_field_before_the_request_layer(models, body, text_required, refusal):
+    """parse_speech's own refusals (the JSON door and the voices), each as a whole (status, param, code, sentence)."""
+    from vibevoice_onnx.serve.speech import parse_speech
+
+    full = {"model": ids(models)[0], "input": TEXT, **body} if isinstance(body, dict) else body
+    assert _refusal(lambda: parse_speech(full, models, 4096, text_required=text_required)) == refusal
+
+
+def test_a_speech_body_names_its_voices_as_the_request_layer_takes_them(models):
+    """A voice by name, by OpenAI's alias or as {"id": ...}; one voice for a streamed text; a script with one speaker
+    and one voice; no voice: the model's first. The server's --max-frames caps a request's, and is the default."""
+    from vibevoice_onnx.serve.speech import parse_speech
+
+    realtime = ids(models)[0]
+
+    def parsed(body, max_chars=4096, **given):
+        return parse_speech({"model": realtime, "input": TEXT, **body}, models, max_chars, **given).request
+
+    assert parsed({"voice": {"id": "alloy"}}).voice == parsed({"voice": "synthetic"}).voice == "synthetic"
+    assert parsed({}).voice == models.by_id[realtime].voices()[0]
+    assert parsed({"voice": "alloy", "input": None}, text_required=False).voice == "synthetic"
+    assert parsed({"voice": "synthetic", "input": "Speaker 1: Hello.\nSpeaker 1: Again."}).speakers == {1: "synthetic"}
+    assert parsed({"max_frames": 50}, max_frames=20).max_frames == 20
+    assert parsed({"max_frames": 5}, max_frames=20).max_frames == 5 and parsed({}, max_frames=20).max_frames == 20
+    assert parsed({}).max_frames is None
+    assert _refusal(lambda: parsed({"input": "x" * 11}, max_chars=10))[:2] == (400, "input")
+
+
+def test_an_encode_job_streams_the_encoders_bytes_whole_in_sse_too_and_a_stop_still_flushes_the_tail():
+    """mp3 holds bytes back until its encoder is flushed: the SSE deltas decode to the plain stream's bytes, the tail
+    included, and a stopping server ends the stream at the next frame with that tail (a whole file, cut short)."""
+    import base64
+    import threading
+    from types import SimpleNamespace
+
+    from vibevoice_onnx.serve.speech import encode_job
+
+    chunks = [SimpleNamespace(samples=(0.3 * np.sin(np.arange(3200) * 0.05 * (k + 1))).astype(np.float32))
+              for k in range(4)]
+
+    def run(sse, stop_after=None):
+        stopping, emitted = threading.Event(), []
+
+        def frames():
+            for k, chunk in enumerate(chunks):
+                if k == stop_after:
+                    stopping.set()
+                yield chunk
+
+        speech = frames()
+        assert encode_job(speech, "mp3", sse, stopping)(emitted.append) is speech
+        return emitted
+
+    plain = run(False)
+    events = [json.loads(line[len(b"data: "):]) for line in run(True)]
+    assert {event["type"] for event in events} == {"speech.audio.delta"}
+    assert b"".join(base64.b64decode(event["audio"]) for event in events) == b"".join(plain)
+    stopped = run(False, stop_after=2)
+    assert b"".join(stopped) == b"".join(run_encoder(chunks[:2]))  # two frames and the flush, nothing after
+
+
+def run_encoder(chunks) -> list[bytes]:
+    from vibevoice_onnx.serve.codec import StreamEncoder
+
+    encoder = StreamEncoder("mp3")
+    return [encoder.encode(chunk.samples) for chunk in chunks] + [encoder.finish()]
