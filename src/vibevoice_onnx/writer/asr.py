@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..checkpoints.layouts import asr_codes_layout
-from ..checkpoints.names import asr_codes_to_hf, normalise_key
+from ..checkpoints.names import asr_codes_to_hf
 from ..families import family
 from . import write_graph
 from .blocks import F32, Weights, connector, encoder_stream, gemm, language_model, lm_weight_bytes
@@ -26,12 +26,14 @@ def upstream_weights(checkpoint) -> Weights:
     if not family(checkpoint.kind).transformers_names:
         return Weights(checkpoint.files)
     # The upstream layout's names, each mapped to the stored one; its decoder (which transformers' layout lacks, so
-    # its dims are the encoder's here) maps to none. Stored names are read in either of transformers' spellings
-    # (`model.*`, or the llava-style prefixes its own save_pretrained writes): normalised, then back to the file's.
+    # its dims are the encoder's here) maps to none. The checkpoint's tensors are found by their normalised names
+    # (`model.*`, whichever of transformers' spellings the file uses: its own save_pretrained writes llava-style
+    # prefixes), each read under the name the file gives it.
     dims = replace(checkpoint.dims, acoustic_decoder=checkpoint.dims.acoustic_encoder)
-    in_files = {normalise_key(checkpoint.kind, name): name for name in checkpoint.files.tensors}
-    stored = {t.name: asr_codes_to_hf(t.name) for t in asr_codes_layout(dims).tensors}
-    return Weights(checkpoint.files, stored={u: in_files.get(s, s) for u, s in stored.items() if s is not None})
+    hf = {t.name: asr_codes_to_hf(t.name) for t in asr_codes_layout(dims).tensors}
+    in_file = {upstream: checkpoint.stored[name].name if name in checkpoint.stored else name
+               for upstream, name in hf.items() if name is not None}
+    return Weights(checkpoint.files, stored=in_file)
 
 
 def graphs(checkpoint, directory: Path, log: Callable[[str], None], schemes: dict,
