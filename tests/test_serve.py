@@ -974,13 +974,14 @@ def test_a_client_that_trickles_its_body_is_closed_at_the_deadline(monkeypatch):
     assert asyncio.run(http.RequestBody(trickle, []).settle(400)) is False and sent[0] < 3000
 
 
-def _transcription_form(models, *pairs):
-    """parse_transcription of a multipart form as starlette hands it: the model, then `pairs` (repeats allowed)."""
+def _transcription_form(models, *pairs, model: str | None = "whisper-1"):
+    """parse_transcription of a multipart form as starlette hands it: the model (None: none), then `pairs`
+    (repeats allowed)."""
     from starlette.datastructures import FormData
 
     from vibevoice_onnx.serve.transcriptions import parse_transcription
 
-    return parse_transcription(FormData([("model", "whisper-1"), *pairs]), models)
+    return parse_transcription(FormData([*([("model", model)] if model else []), *pairs]), models)
 
 
 def test_a_transcription_form_is_taken_with_openais_defaults_and_the_runtimes_options(models):
@@ -1029,16 +1030,14 @@ def test_each_refused_transcription_field_is_named_with_its_status_and_code(mode
 
 
 def test_a_form_without_a_model_is_refused_naming_it(models):
-    from starlette.datastructures import FormData
-
-    from vibevoice_onnx.serve.transcriptions import parse_transcription
-
-    assert _refusal(lambda: parse_transcription(FormData([("language", "en")]), models))[:2] == (400, "model")
+    assert _refusal(lambda: _transcription_form(models, ("language", "en"), model=None))[:2] == (400, "model")
 
 
-def test_temperature_from_0_to_1_is_taken_and_ignored(models):
+def test_temperature_from_0_to_1_is_taken_and_changes_nothing(models):
+    bare = _transcription_form(models)
     for value in ("0", "0.5", "1"):
-        assert _transcription_form(models, ("temperature", value)).options["seed"] is None
+        taken = _transcription_form(models, ("temperature", value))
+        assert (taken.options, taken.response_format, taken.prompt) == (bare.options, bare.response_format, bare.prompt)
 
 
 @pytest.mark.parametrize("content, code, words", [
@@ -1121,6 +1120,7 @@ def test_an_encode_job_streams_the_encoders_bytes_whole_in_sse_too_and_a_stop_st
     import threading
     from types import SimpleNamespace
 
+    from vibevoice_onnx.serve.codec import StreamEncoder
     from vibevoice_onnx.serve.speech import encode_job
 
     chunks = [SimpleNamespace(samples=(0.3 * np.sin(np.arange(3200) * 0.05 * (k + 1))).astype(np.float32))
@@ -1144,11 +1144,5 @@ def test_an_encode_job_streams_the_encoders_bytes_whole_in_sse_too_and_a_stop_st
     assert {event["type"] for event in events} == {"speech.audio.delta"}
     assert b"".join(base64.b64decode(event["audio"]) for event in events) == b"".join(plain)
     stopped = run(False, stop_after=2)
-    assert b"".join(stopped) == b"".join(run_encoder(chunks[:2]))  # two frames and the flush, nothing after
-
-
-def run_encoder(chunks) -> list[bytes]:
-    from vibevoice_onnx.serve.codec import StreamEncoder
-
-    encoder = StreamEncoder("mp3")
-    return [encoder.encode(chunk.samples) for chunk in chunks] + [encoder.finish()]
+    encoder = StreamEncoder("mp3")  # two frames and the flush, nothing after
+    assert b"".join(stopped) == b"".join([*(encoder.encode(chunk.samples) for chunk in chunks[:2]), encoder.finish()])
